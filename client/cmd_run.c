@@ -1,0 +1,232 @@
+/* ppserve run: load a model, generate for one prompt in this process, stream or print JSON. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/args.h"
+#include "client/commands.h"
+#include "common/alloc.h"
+#include "common/json_write.h"
+#include "common/log.h"
+#include "model/executor.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+struct run_opts {
+    const char *model;
+    const char *prompt;
+    struct pp_id_list prompt_ids;
+    int32_t max_tokens;
+    struct pp_sampling sampling;
+    struct pp_str_list stops;
+    int32_t threads;
+    int32_t ctx;
+    const char *dump_logits;
+    const char *log_level;
+    int json;
+    int ignore_eos;
+    int help;
+};
+
+struct run_out {
+    FILE *logits;
+    int stream_text;
+    int stream_ids;
+    int write_failed;
+};
+
+static void on_token(void *ud, int32_t id, const float *logits, int32_t vocab)
+{
+    struct run_out *o = ud;
+    if (o->logits && fwrite(logits, sizeof(float), (size_t)vocab, o->logits) != (size_t)vocab)
+        o->write_failed = 1;
+    if (o->stream_ids) {
+        printf("%d ", id);
+        fflush(stdout);
+    }
+}
+
+static void on_text(void *ud, const char *s, size_t n)
+{
+    struct run_out *o = ud;
+    if (o->stream_text) {
+        fwrite(s, 1, n, stdout);
+        fflush(stdout);
+    }
+}
+
+static void print_json(const struct pp_gen_request *req, const struct pp_gen_result *res, int has_tok)
+{
+    struct pp_json j;
+    pp_json_init(&j);
+    pp_json_begin_object(&j);
+    pp_json_key(&j, "prompt_ids");
+    pp_json_begin_array(&j);
+    for (int32_t i = 0; i < req->n_prompt; i++)
+        pp_json_int(&j, req->prompt[i]);
+    pp_json_end_array(&j);
+    pp_json_key(&j, "ids");
+    pp_json_begin_array(&j);
+    for (int32_t i = 0; i < res->n_ids; i++)
+        pp_json_int(&j, res->ids[i]);
+    pp_json_end_array(&j);
+    pp_json_key(&j, "text");
+    if (has_tok)
+        pp_json_string(&j, res->text, res->text_len);
+    else
+        pp_json_null(&j);
+    pp_json_key(&j, "finish_reason");
+    pp_json_cstring(&j, pp_finish_reason_name(res->finish));
+    pp_json_key(&j, "prefill_tokens_per_s");
+    pp_json_double(&j, res->prefill_seconds > 0 ? req->n_prompt / res->prefill_seconds : 0.0);
+    pp_json_key(&j, "decode_tokens_per_s");
+    pp_json_double(&j, res->decode_seconds > 0 && res->n_ids > 1
+                           ? (res->n_ids - 1) / res->decode_seconds : 0.0);
+    pp_json_end_object(&j);
+    printf("%s\n", j.buf ? j.buf : "{}");
+    pp_json_free(&j);
+}
+
+static int generate(struct run_opts *o, struct pp_model *m, struct pp_tokenizer *tok,
+                    struct pp_backend *be)
+{
+    int32_t *ids = o->prompt_ids.ids, n_ids = o->prompt_ids.n;
+    int32_t *encoded = NULL;
+    pp_status st;
+    if (o->prompt) {
+        if (!tok)
+            return pp_cli_fail("run", PP_ERR_INVALID_ARG);
+        if ((st = pp_tokenizer_encode(tok, o->prompt, strlen(o->prompt), pp_tokenizer_add_bos(tok),
+                                      &encoded, &n_ids)) != PP_OK)
+            return pp_cli_fail("run", st);
+        ids = encoded;
+    }
+    struct pp_executor_opts eo = {0};
+    eo.max_seqs = 1;
+    eo.max_context = o->ctx;
+    struct pp_executor *ex = NULL;
+    int rc = 0;
+    struct run_out out = {0};
+    if ((st = pp_executor_new(m, be, &eo, &ex)) != PP_OK) {
+        rc = pp_cli_fail("run", st);
+        goto done;
+    }
+    if (o->dump_logits && !(out.logits = fopen(o->dump_logits, "wb"))) {
+        fprintf(stderr, "ppserve run: error: cannot write %s\n", o->dump_logits);
+        rc = 1;
+        goto done;
+    }
+    out.stream_text = !o->json && tok;
+    out.stream_ids = !o->json && !tok;
+    struct pp_gen_request req = {ids, n_ids, o->max_tokens, o->sampling, o->stops.items,
+                                 o->stops.n, o->ignore_eos, 1};
+    struct pp_gen_callbacks cb = {on_token, on_text, &out};
+    struct pp_gen_result res;
+    if ((st = pp_generate(ex, tok, &req, &cb, &res)) != PP_OK) {
+        rc = pp_cli_fail("run", st);
+        goto done;
+    }
+    if (o->json) {
+        print_json(&req, &res, tok != NULL);
+    } else {
+        printf("\n");
+        fprintf(stderr, "ppserve run: %d prompt tokens at %.1f tok/s, %d generated at %.1f tok/s, "
+                "finish=%s\n", n_ids, res.prefill_seconds > 0 ? n_ids / res.prefill_seconds : 0.0,
+                res.n_ids, res.decode_seconds > 0 && res.n_ids > 1
+                               ? (res.n_ids - 1) / res.decode_seconds : 0.0,
+                pp_finish_reason_name(res.finish));
+    }
+    pp_gen_result_free(&res);
+    if (out.write_failed) {
+        fprintf(stderr, "ppserve run: error: writing %s failed\n", o->dump_logits);
+        rc = 1;
+    }
+done:
+    if (out.logits && fclose(out.logits) != 0 && rc == 0) {
+        fprintf(stderr, "ppserve run: error: closing %s failed\n", o->dump_logits);
+        rc = 1;
+    }
+    pp_executor_free(ex);
+    pp_free(PP_MEM_MISC, encoded);
+    return rc;
+}
+
+int pp_cmd_run(int argc, char **argv)
+{
+    struct run_opts o = {0};
+    o.max_tokens = 64;
+    o.log_level = "warn";
+    pp_sampling_defaults(&o.sampling);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    o.threads = ncpu > 0 ? (int32_t)ncpu : 1;
+    struct pp_arg args[] = {
+        {"model", PP_ARG_STRING, &o.model, 0, 0, "GGUF file or HF checkpoint directory (required)"},
+        {"prompt", PP_ARG_STRING, &o.prompt, 0, 0, "prompt text (needs the model's tokenizer)"},
+        {"prompt-ids", PP_ARG_IDS, &o.prompt_ids, 0, 0, "prompt token ids, used exactly as given"},
+        {"max-tokens", PP_ARG_INT, &o.max_tokens, 0, 1 << 24, "tokens to generate (default 64)"},
+        {"temperature", PP_ARG_FLOAT, &o.sampling.temperature, 0, 100, "0 = greedy (default)"},
+        {"top-k", PP_ARG_INT, &o.sampling.top_k, 0, 1 << 24, "keep the k most likely (0 = off)"},
+        {"top-p", PP_ARG_FLOAT, &o.sampling.top_p, 1e-9, 1, "nucleus mass in (0, 1] (1 = off)"},
+        {"min-p", PP_ARG_FLOAT, &o.sampling.min_p, 0, 0.999999, "drop tokens below min_p x the top probability"},
+        {"repeat-penalty", PP_ARG_FLOAT, &o.sampling.repeat_penalty, 1e-6, 100, "penalise seen tokens (1 = off)"},
+        {"seed", PP_ARG_U64, &o.sampling.seed, 0, 0, "sampling seed (default 0)"},
+        {"stop", PP_ARG_STRINGS, &o.stops, 0, 0, "stop string (repeatable)"},
+        {"ignore-eos", PP_ARG_FLAG, &o.ignore_eos, 0, 0, "keep generating past end-of-sequence"},
+        {"threads", PP_ARG_INT, &o.threads, 1, 1024, "compute threads (default: online CPUs)"},
+        {"ctx", PP_ARG_INT, &o.ctx, 1, 1 << 24, "context length (default: the model's)"},
+        {"dump-logits", PP_ARG_STRING, &o.dump_logits, 0, 0, "write f32 logits per generated token"},
+        {"json", PP_ARG_FLAG, &o.json, 0, 0, "print one JSON line instead of streaming text"},
+        {"log-level", PP_ARG_STRING, &o.log_level, 0, 0, "debug|info|warn|error (default warn)"},
+        {"help", PP_ARG_FLAG, &o.help, 0, 0, "show this help"},
+    };
+    int n = (int)(sizeof(args) / sizeof(args[0]));
+    int rc = pp_args_parse("run", args, n, argc, argv, NULL);
+    if (rc != 0 || o.help) {
+        if (o.help)
+            pp_args_usage("run", "--model PATH (--prompt TEXT | --prompt-ids 1,2,3) [flags]", args, n);
+        pp_id_list_free(&o.prompt_ids);
+        return rc;
+    }
+    int level = pp_log_level_parse(o.log_level);
+    if (!o.model || (!o.prompt == !o.prompt_ids.ids) || level < 0) {
+        fprintf(stderr, "ppserve run: %s\n",
+                level < 0 ? "--log-level: expected debug, info, warn or error"
+                : !o.model ? "--model is required"
+                           : "give exactly one of --prompt and --prompt-ids");
+        pp_id_list_free(&o.prompt_ids);
+        return 2;
+    }
+    pp_log_init("run", (enum pp_log_level)level);
+    struct pp_model *m = NULL;
+    struct pp_tokenizer *tok = NULL;
+    struct pp_backend *be = NULL;
+    pp_status st = pp_model_open(o.model, 0, -1, &m);
+    if (st != PP_OK) {
+        rc = pp_cli_fail("run", st);
+        goto done;
+    }
+    st = pp_tokenizer_load(m, &tok);
+    if (st != PP_OK) {
+        if (o.prompt || o.stops.n > 0) {
+            rc = pp_cli_fail("run", st);
+            goto done;
+        }
+        PP_INFO("no tokenizer: %s", pp_error_detail());
+        tok = NULL;
+    }
+    if ((st = pp_backend_cpu_new(o.threads, &be)) != PP_OK) {
+        rc = pp_cli_fail("run", st);
+        goto done;
+    }
+    PP_INFO("model=%s arch=%s layers=%d dim=%d vocab=%d threads=%d", o.model,
+            pp_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.dim, m->cfg.vocab_size, o.threads);
+    rc = generate(&o, m, tok, be);
+done:
+    if (be)
+        be->ops->free(be);
+    pp_tokenizer_free(tok);
+    pp_model_free(m);
+    pp_id_list_free(&o.prompt_ids);
+    return rc;
+}

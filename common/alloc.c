@@ -1,0 +1,77 @@
+/* Counting allocator. Each block carries a 64-byte header with its size, so pp_free can account
+ * without a lookup and aligned blocks stay 64-byte aligned. */
+#include "common/alloc.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HEADER 64
+
+static _Atomic int64_t live[PP_MEM_CATEGORY_COUNT];
+static _Atomic int64_t fail_countdown;
+
+static const char *const category_names[PP_MEM_CATEGORY_COUNT] = {
+    "misc", "weights", "kv", "activations", "rpc",
+};
+
+static int should_fail(void)
+{
+    int64_t n = atomic_load(&fail_countdown);
+    while (n > 0) {
+        if (atomic_compare_exchange_weak(&fail_countdown, &n, n - 1))
+            return n == 1;
+    }
+    return 0;
+}
+
+void *pp_alloc_aligned(enum pp_mem_category cat, size_t size)
+{
+    if (should_fail() || size > SIZE_MAX - HEADER)
+        return NULL;
+    void *raw = NULL;
+    if (posix_memalign(&raw, HEADER, size + HEADER) != 0)
+        return NULL;
+    *(size_t *)raw = size;
+    atomic_fetch_add(&live[cat], (int64_t)size);
+    return (char *)raw + HEADER;
+}
+
+void *pp_alloc(enum pp_mem_category cat, size_t size)
+{
+    return pp_alloc_aligned(cat, size);
+}
+
+void *pp_calloc(enum pp_mem_category cat, size_t n, size_t size)
+{
+    if (size != 0 && n > SIZE_MAX / size)
+        return NULL;
+    void *p = pp_alloc_aligned(cat, n * size);
+    if (p)
+        memset(p, 0, n * size);
+    return p;
+}
+
+void pp_free(enum pp_mem_category cat, void *p)
+{
+    if (!p)
+        return;
+    char *raw = (char *)p - HEADER;
+    atomic_fetch_sub(&live[cat], (int64_t) * (size_t *)raw);
+    free(raw);
+}
+
+int64_t pp_mem_live(enum pp_mem_category cat)
+{
+    return atomic_load(&live[cat]);
+}
+
+const char *pp_mem_category_name(enum pp_mem_category cat)
+{
+    return (unsigned)cat < PP_MEM_CATEGORY_COUNT ? category_names[cat] : "unknown";
+}
+
+void pp_alloc_fail_at(int64_t nth)
+{
+    atomic_store(&fail_countdown, nth);
+}

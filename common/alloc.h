@@ -1,0 +1,35 @@
+/* The project allocator: malloc/calloc/free that count live bytes per category (for metrics) and can
+ * be told to fail the Nth allocation (for tests of error paths). Thread-safe. Memory from
+ * pp_alloc/pp_calloc must be released with pp_free and the same category. */
+#ifndef PP_ALLOC_H
+#define PP_ALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum pp_mem_category {
+    PP_MEM_MISC = 0,
+    PP_MEM_WEIGHTS,     /* weights repacked or converted at load (mmapped weights are not counted) */
+    PP_MEM_KV,          /* the KV cache pool */
+    PP_MEM_ACTIVATIONS, /* executor scratch buffers */
+    PP_MEM_RPC,         /* messages in flight */
+    PP_MEM_CATEGORY_COUNT
+};
+
+/* size bytes, uninitialised; NULL on failure (size 0 returns a unique non-NULL pointer). */
+void *pp_alloc(enum pp_mem_category cat, size_t size);
+/* n*size zeroed bytes; NULL on failure or overflow. */
+void *pp_calloc(enum pp_mem_category cat, size_t n, size_t size);
+/* 64-byte aligned, uninitialised; release with pp_free. */
+void *pp_alloc_aligned(enum pp_mem_category cat, size_t size);
+/* NULL-safe. */
+void pp_free(enum pp_mem_category cat, void *p);
+
+/* Live bytes in a category. */
+int64_t pp_mem_live(enum pp_mem_category cat);
+const char *pp_mem_category_name(enum pp_mem_category cat);
+
+/* Makes the nth allocation from now fail (1 = the next one); 0 disables. For tests. */
+void pp_alloc_fail_at(int64_t nth);
+
+#endif

@@ -1,0 +1,78 @@
+/* The CPU backend: its op table, thread pool and per-thread scratch. */
+#include "common/alloc.h"
+#include "kernels/cpu/cpu-impl.h"
+
+static void cpu_free(struct pp_backend *be)
+{
+    if (!be)
+        return;
+    struct pp_cpu *c = be->impl;
+    if (c) {
+        pp_threadpool_free(c->pool);
+        for (int s = 0; s < PP_CPU_SCRATCH_COUNT; s++)
+            pp_free(PP_MEM_ACTIVATIONS, c->scratch[s]);
+        pp_free(PP_MEM_MISC, c);
+    }
+    pp_free(PP_MEM_MISC, be);
+}
+
+static pp_status cpu_reserve(struct pp_backend *be, int64_t max_cols, int64_t max_context)
+{
+    struct pp_cpu *c = be->impl;
+    if (pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_ROW, max_cols) != 0 ||
+        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_SCORES, max_context) != 0)
+        return pp_error(PP_ERR_NOMEM, "cpu backend: no memory for scratch (%lld cols, %lld positions)",
+                        (long long)max_cols, (long long)max_context);
+    return PP_OK;
+}
+
+static const struct pp_backend_ops cpu_ops = {
+    .reserve = cpu_reserve,
+    .matmul = pp__cpu_matmul,
+    .rmsnorm = pp__cpu_rmsnorm,
+    .rope = pp__cpu_rope,
+    .kv_store = pp__cpu_kv_store,
+    .attention = pp__cpu_attention,
+    .swiglu = pp__cpu_swiglu,
+    .add = pp__cpu_add,
+    .add_bias = pp__cpu_add_bias,
+    .embed = pp__cpu_embed,
+    .free = cpu_free,
+};
+
+int pp__cpu_scratch_reserve(struct pp_cpu *c, enum pp_cpu_scratch_slot slot, int64_t n)
+{
+    if (n <= c->cap[slot])
+        return 0;
+    n = (n + 15) & ~(int64_t)15; /* keep each thread's slice 64-byte aligned */
+    float *p = pp_alloc_aligned(PP_MEM_ACTIVATIONS, (size_t)(n * c->n_threads) * sizeof(float));
+    if (!p)
+        return -1;
+    pp_free(PP_MEM_ACTIVATIONS, c->scratch[slot]);
+    c->scratch[slot] = p;
+    c->cap[slot] = n;
+    return 0;
+}
+
+pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out)
+{
+    struct pp_backend *be = pp_calloc(PP_MEM_MISC, 1, sizeof(*be));
+    struct pp_cpu *c = pp_calloc(PP_MEM_MISC, 1, sizeof(*c));
+    if (!be || !c) {
+        pp_free(PP_MEM_MISC, be);
+        pp_free(PP_MEM_MISC, c);
+        return PP_ERR_NOMEM;
+    }
+    be->ops = &cpu_ops;
+    be->name = "cpu";
+    be->impl = c;
+    pp_status st = pp_threadpool_new(n_threads, &c->pool);
+    if (st != PP_OK) {
+        cpu_free(be);
+        return st;
+    }
+    c->n_threads = n_threads;
+    be->n_threads = n_threads;
+    *out = be;
+    return PP_OK;
+}

@@ -1,0 +1,69 @@
+/* Internals shared by the CPU backend's op files. */
+#ifndef PP_CPU_IMPL_H
+#define PP_CPU_IMPL_H
+
+#include "kernels/backend.h"
+#include "kernels/cpu/threadpool.h"
+
+enum pp_cpu_scratch_slot {
+    PP_CPU_SCRATCH_ROW = 0, /* a weight row converted to f32 */
+    PP_CPU_SCRATCH_SCORES,  /* attention scores of one query */
+    PP_CPU_SCRATCH_COUNT
+};
+
+struct pp_cpu {
+    struct pp_threadpool *pool;
+    int n_threads;
+    float *scratch[PP_CPU_SCRATCH_COUNT]; /* [n_threads, cap[slot]] */
+    int64_t cap[PP_CPU_SCRATCH_COUNT];
+};
+
+static inline struct pp_cpu *pp__cpu(struct pp_backend *be)
+{
+    return be->impl;
+}
+
+/* Makes each thread's scratch of `slot` hold at least n floats. Call before pp_threadpool_run.
+ * Returns 0 on success, -1 when the allocation failed (the op then cannot run). */
+int pp__cpu_scratch_reserve(struct pp_cpu *c, enum pp_cpu_scratch_slot slot, int64_t n);
+
+static inline float *pp__cpu_scratch(struct pp_cpu *c, enum pp_cpu_scratch_slot slot, int thread)
+{
+    return c->scratch[slot] + (int64_t)thread * c->cap[slot];
+}
+
+/* The one dot product of the CPU backend: eight lanes, lane j accumulates elements i ≡ j (mod 8) in
+ * increasing i, then a fixed pairwise merge. Every reduction over a feature axis uses it, so an output
+ * element's bits depend only on its operands. */
+static inline float pp__dot(const float *a, const float *b, int64_t n)
+{
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; i + j < n; j++)
+        acc[j] += a[i + j] * b[i + j];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
+                    int64_t n);
+void pp__cpu_rmsnorm(struct pp_backend *be, float *y, const float *x, const float *g, int64_t n,
+                     int64_t dim, float eps);
+void pp__cpu_rope(struct pp_backend *be, float *x, const int32_t *pos, int64_t n, int32_t n_heads,
+                  int32_t head_dim, const float *inv_freq, enum pp_rope_layout layout);
+void pp__cpu_kv_store(struct pp_backend *be, const struct pp_kv_view *kv, int32_t layer,
+                      const struct pp_attn_seq *seqs, int32_t n_seqs, const float *k,
+                      const float *v);
+void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
+                       const struct pp_kv_view *kv, int32_t layer, const struct pp_attn_seq *seqs,
+                       int32_t n_seqs, const struct pp_attn_shape *shape);
+void pp__cpu_swiglu(struct pp_backend *be, float *out, const float *gate, const float *up,
+                    int64_t n);
+void pp__cpu_add(struct pp_backend *be, float *y, const float *x, int64_t n);
+void pp__cpu_add_bias(struct pp_backend *be, float *y, const float *b, int64_t n, int64_t cols);
+void pp__cpu_embed(struct pp_backend *be, float *out, const struct pp_weight *w, const int32_t *ids,
+                   int64_t n);
+
+#endif

@@ -1,0 +1,27 @@
+/* A fixed pool of worker threads for the CPU kernels. The calling thread takes part as worker 0, so a
+ * pool of n threads starts n-1 pthreads; a pool of 1 runs everything inline. Not reentrant: one
+ * pp_threadpool_run at a time per pool (the executor owns its pool). */
+#ifndef PP_THREADPOOL_H
+#define PP_THREADPOOL_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+struct pp_threadpool;
+
+/* fn(ctx, begin, end, thread) handles items [begin, end) on worker `thread` (0..size-1), so a task
+ * may use per-thread scratch. */
+typedef void (*pp_task_fn)(void *ctx, int64_t begin, int64_t end, int thread);
+
+pp_status pp_threadpool_new(int n_threads, struct pp_threadpool **out);
+void pp_threadpool_free(struct pp_threadpool *pool);
+int pp_threadpool_size(const struct pp_threadpool *pool);
+
+/* Splits [0, n_items) into contiguous ranges, one per thread, each a multiple of `grain` items
+ * (except the last), runs fn on each and returns when all are done. The split only decides which
+ * thread computes an item, never how an item is computed. */
+void pp_threadpool_run(struct pp_threadpool *pool, pp_task_fn fn, void *ctx, int64_t n_items,
+                       int64_t grain);
+
+#endif

@@ -1,0 +1,255 @@
+/* Binding a layer range of a model file to pp_model: every tensor looked up, its dtype and shape
+ * checked against the configuration, 1-D tensors converted to f32. */
+#include "model/model.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "model/source.h"
+
+struct binder {
+    struct pp_model *m;
+    struct pp_source *src;
+};
+
+static void fmt_shape(char *buf, size_t cap, const int64_t *shape, int32_t n)
+{
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int32_t i = 0; i < n && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < cap)
+        snprintf(buf + k, cap - k, "]");
+}
+
+/* Finds a tensor and checks its shape; `optional` tensors may be absent (*out stays NULL). */
+static pp_status find(struct binder *b, const char *name, int32_t n_dims, int64_t d0, int64_t d1,
+                      int optional, const struct pp_tensor **out)
+{
+    *out = NULL;
+    pp_status st = pp__source_tensor(b->src, name, out);
+    if (st == PP_ERR_NOT_FOUND) {
+        if (optional)
+            return PP_OK;
+        return pp_error(PP_ERR_NOT_FOUND, "%s: missing tensor %s", b->src->path, name);
+    }
+    if (st != PP_OK)
+        return st;
+    int64_t want[2] = {d0, d1};
+    const struct pp_tensor *t = *out;
+    int ok = t->n_dims == n_dims;
+    for (int32_t i = 0; ok && i < n_dims; i++)
+        ok = t->shape[i] == want[i];
+    if (!ok) {
+        char ws[64], gs[96];
+        fmt_shape(ws, sizeof(ws), want, n_dims);
+        fmt_shape(gs, sizeof(gs), t->shape, t->n_dims);
+        return pp_error(PP_ERR_FORMAT, "%s: tensor %s: expected shape %s, got %s", b->src->path,
+                        name, ws, gs);
+    }
+    return PP_OK;
+}
+
+/* A 2-D weight used in place; realigned into owned memory only if the file misaligns it. */
+static pp_status bind_weight(struct binder *b, const char *name, int64_t rows, int64_t cols,
+                             struct pp_weight *w)
+{
+    const struct pp_tensor *t;
+    pp_status st = find(b, name, 2, rows, cols, 0, &t);
+    if (st != PP_OK)
+        return st;
+    if (t->dtype == PP_DTYPE_Q8_0 && cols % PP_Q8_0_BLOCK != 0)
+        return pp_error(PP_ERR_FORMAT, "%s: tensor %s: Q8_0 rows of %lld values are not whole "
+                        "32-value blocks", b->src->path, name, (long long)cols);
+    w->data = t->data;
+    w->dtype = t->dtype;
+    w->rows = rows;
+    w->cols = cols;
+    size_t align = t->dtype == PP_DTYPE_F32 ? 4 : t->dtype == PP_DTYPE_Q8_0 ? 1 : 2;
+    if ((uintptr_t)t->data % align != 0) {
+        size_t bytes = (size_t)(rows * pp_dtype_row_bytes(t->dtype, cols));
+        void *copy = pp_alloc_aligned(PP_MEM_WEIGHTS, bytes);
+        if (!copy)
+            return PP_ERR_NOMEM;
+        memcpy(copy, t->data, bytes);
+        w->data = copy;
+        b->m->owned_copies[b->m->n_owned++] = copy;
+    }
+    return PP_OK;
+}
+
+/* A 1-D tensor converted to owned f32. */
+static pp_status bind_vector(struct binder *b, const char *name, int64_t n, int optional,
+                             float **out)
+{
+    const struct pp_tensor *t;
+    *out = NULL;
+    pp_status st = find(b, name, 1, n, 0, optional, &t);
+    if (st != PP_OK || !t)
+        return st;
+    if (t->dtype == PP_DTYPE_Q8_0)
+        return pp_error(PP_ERR_FORMAT, "%s: tensor %s: 1-D tensors must be f32, f16 or bf16, got "
+                        "q8_0", b->src->path, name);
+    float *v = pp_alloc_aligned(PP_MEM_WEIGHTS, (size_t)n * sizeof(float));
+    if (!v)
+        return PP_ERR_NOMEM;
+    /* the source may be unaligned: convert through a byte copy */
+    int64_t bytes = pp_dtype_row_bytes(t->dtype, n);
+    memcpy(v, t->data, (size_t)(t->dtype == PP_DTYPE_F32 ? bytes : 0));
+    if (t->dtype != PP_DTYPE_F32) {
+        uint16_t tmp[256];
+        for (int64_t i = 0; i < n; i += 256) {
+            int64_t k = n - i < 256 ? n - i : 256;
+            memcpy(tmp, (const uint16_t *)t->data + i, (size_t)k * 2);
+            pp_row_to_f32(v + i, tmp, t->dtype, k);
+        }
+    }
+    *out = v;
+    return PP_OK;
+}
+
+static pp_status bind_layer(struct binder *b, int32_t layer, struct pp_layer_weights *lw)
+{
+    const struct pp_model_config *c = &b->m->cfg;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    char name[96];
+    pp_status st;
+#define NAME(suffix) (snprintf(name, sizeof(name), "blk.%d." suffix, layer), name)
+    if ((st = bind_vector(b, NAME("attn_norm.weight"), c->dim, 0, &lw->attn_norm)) != PP_OK ||
+        (st = bind_weight(b, NAME("attn_q.weight"), q_dim, c->dim, &lw->wq)) != PP_OK ||
+        (st = bind_weight(b, NAME("attn_k.weight"), kv_dim, c->dim, &lw->wk)) != PP_OK ||
+        (st = bind_weight(b, NAME("attn_v.weight"), kv_dim, c->dim, &lw->wv)) != PP_OK ||
+        (st = bind_vector(b, NAME("attn_q.bias"), q_dim, 1, &lw->bq)) != PP_OK ||
+        (st = bind_vector(b, NAME("attn_k.bias"), kv_dim, 1, &lw->bk)) != PP_OK ||
+        (st = bind_vector(b, NAME("attn_v.bias"), kv_dim, 1, &lw->bv)) != PP_OK ||
+        (st = bind_weight(b, NAME("attn_output.weight"), c->dim, q_dim, &lw->wo)) != PP_OK ||
+        (st = bind_vector(b, NAME("ffn_norm.weight"), c->dim, 0, &lw->ffn_norm)) != PP_OK ||
+        (st = bind_weight(b, NAME("ffn_gate.weight"), c->ffn_dim, c->dim, &lw->w_gate)) != PP_OK ||
+        (st = bind_weight(b, NAME("ffn_up.weight"), c->ffn_dim, c->dim, &lw->w_up)) != PP_OK ||
+        (st = bind_weight(b, NAME("ffn_down.weight"), c->dim, c->ffn_dim, &lw->w_down)) != PP_OK)
+        return st;
+#undef NAME
+    if (c->arch == PP_ARCH_QWEN2 && c->format == PP_FORMAT_HF && (!lw->bq || !lw->bk || !lw->bv))
+        return pp_error(PP_ERR_NOT_FOUND, "%s: qwen2 layer %d lacks its q/k/v biases",
+                        b->src->path, layer);
+    return PP_OK;
+}
+
+pp_status pp_model_read_config(const char *path, struct pp_model_config *out)
+{
+    struct pp_source *s;
+    pp_status st = pp__source_open(path, &s);
+    if (st != PP_OK)
+        return st;
+    *out = s->cfg;
+    pp__source_free(s);
+    return PP_OK;
+}
+
+static pp_status bind_all(struct binder *b)
+{
+    struct pp_model *m = b->m;
+    const struct pp_model_config *c = &m->cfg;
+    pp_status st;
+    int32_t n = m->last_layer - m->first_layer;
+    m->layers = pp_calloc(PP_MEM_MISC, (size_t)(n ? n : 1), sizeof(*m->layers));
+    m->inv_freq = pp_alloc_aligned(PP_MEM_WEIGHTS, (size_t)c->head_dim / 2 * sizeof(float));
+    m->owned_copies = pp_calloc(PP_MEM_MISC, (size_t)n * 7 + 2, sizeof(void *));
+    if (!m->layers || !m->inv_freq || !m->owned_copies)
+        return PP_ERR_NOMEM;
+    pp_rope_inv_freq(c, b->src->rope_divisors, m->inv_freq);
+    if (m->has_embedding &&
+        (st = bind_weight(b, "token_embd.weight", c->vocab_size, c->dim, &m->embedding)) != PP_OK)
+        return st;
+    for (int32_t l = 0; l < n; l++)
+        if ((st = bind_layer(b, m->first_layer + l, &m->layers[l])) != PP_OK)
+            return st;
+    if (m->has_head) {
+        if ((st = bind_vector(b, "output_norm.weight", c->dim, 0, &m->final_norm)) != PP_OK)
+            return st;
+        const struct pp_tensor *head;
+        if ((st = find(b, "output.weight", 2, c->vocab_size, c->dim, 1, &head)) != PP_OK)
+            return st;
+        const char *head_name = head ? "output.weight" : "token_embd.weight";
+        if (!head && !c->tied_embeddings)
+            return pp_error(PP_ERR_NOT_FOUND, "%s: missing tensor lm_head (output.weight) and "
+                            "the embeddings are not tied", b->src->path);
+        if ((st = bind_weight(b, head_name, c->vocab_size, c->dim, &m->lm_head)) != PP_OK)
+            return st;
+    }
+    return PP_OK;
+}
+
+pp_status pp_model_open(const char *path, int32_t first, int32_t last, struct pp_model **out)
+{
+    struct pp_model *m = pp_calloc(PP_MEM_MISC, 1, sizeof(*m));
+    if (!m)
+        return PP_ERR_NOMEM;
+    pp_status st = pp__source_open(path, &m->source);
+    if (st != PP_OK) {
+        pp_model_free(m);
+        return st;
+    }
+    m->cfg = m->source->cfg;
+    if (last < 0)
+        last = m->cfg.n_layers;
+    if (first < 0 || first >= last || last > m->cfg.n_layers) {
+        pp_model_free(m);
+        return pp_error(PP_ERR_INVALID_ARG, "layer range [%d, %d) is not inside [0, %d) or is empty",
+                        first, last, m->cfg.n_layers);
+    }
+    m->first_layer = first;
+    m->last_layer = last;
+    m->has_embedding = first == 0;
+    m->has_head = last == m->cfg.n_layers;
+    struct binder b = {m, m->source};
+    if ((st = bind_all(&b)) != PP_OK) {
+        pp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PP_OK;
+}
+
+void pp_model_free(struct pp_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers) {
+        for (int32_t l = 0; l < m->last_layer - m->first_layer; l++) {
+            struct pp_layer_weights *lw = &m->layers[l];
+            pp_free(PP_MEM_WEIGHTS, lw->attn_norm);
+            pp_free(PP_MEM_WEIGHTS, lw->ffn_norm);
+            pp_free(PP_MEM_WEIGHTS, lw->bq);
+            pp_free(PP_MEM_WEIGHTS, lw->bk);
+            pp_free(PP_MEM_WEIGHTS, lw->bv);
+        }
+        pp_free(PP_MEM_MISC, m->layers);
+    }
+    for (int32_t i = 0; i < m->n_owned; i++)
+        pp_free(PP_MEM_WEIGHTS, m->owned_copies[i]);
+    pp_free(PP_MEM_MISC, m->owned_copies);
+    pp_free(PP_MEM_WEIGHTS, m->final_norm);
+    pp_free(PP_MEM_WEIGHTS, m->inv_freq);
+    pp__source_free(m->source);
+    pp_free(PP_MEM_MISC, m);
+}
+
+int64_t pp_model_weight_bytes(const struct pp_model *m)
+{
+    int64_t total = 0;
+    const struct pp_weight *ws[7];
+    for (int32_t l = 0; l < m->last_layer - m->first_layer; l++) {
+        const struct pp_layer_weights *lw = &m->layers[l];
+        ws[0] = &lw->wq, ws[1] = &lw->wk, ws[2] = &lw->wv, ws[3] = &lw->wo;
+        ws[4] = &lw->w_gate, ws[5] = &lw->w_up, ws[6] = &lw->w_down;
+        for (int i = 0; i < 7; i++)
+            total += ws[i]->rows * pp_dtype_row_bytes(ws[i]->dtype, ws[i]->cols);
+    }
+    if (m->has_embedding)
+        total += m->embedding.rows * pp_dtype_row_bytes(m->embedding.dtype, m->embedding.cols);
+    if (m->has_head && !(m->has_embedding && m->lm_head.data == m->embedding.data))
+        total += m->lm_head.rows * pp_dtype_row_bytes(m->lm_head.dtype, m->lm_head.cols);
+    return total;
+}

@@ -1,0 +1,20 @@
+/* Helpers shared by the unit tests: temporary folders and small synthetic models. */
+#ifndef PP_TESTUTIL_H
+#define PP_TESTUTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "model/synth.h"
+
+/* A fresh folder under $TMPDIR (or /tmp); removed with pp_test_rmdir. */
+char *pp_test_tmpdir(void);
+void pp_test_rmdir(char *dir);
+
+/* A small llama-shaped spec: dim 64, 3 layers, 4 heads, 2 KV heads, ffn 96, vocab 300, ctx 128. */
+void pp_test_small_spec(struct pp_synth_spec *s);
+
+#endif
