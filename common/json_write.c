@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/utf8.h"
 
 void pp_json_init(struct pp_json *j)
 {
@@ -82,38 +83,6 @@ void pp_json_key(struct pp_json *j, const char *key)
     j->need_comma = 0;
 }
 
-/* Length of a valid UTF-8 sequence at s, or 0 when invalid (overlong, surrogate, out of range). */
-static size_t valid_utf8(const unsigned char *s, size_t avail)
-{
-    unsigned char c = s[0];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf) {
-        n = 2;
-        cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n > avail)
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-        return 0;
-    return n;
-}
-
 void pp_json_string(struct pp_json *j, const char *s, size_t n)
 {
     value_start(j);
@@ -134,7 +103,7 @@ void pp_json_string(struct pp_json *j, const char *s, size_t n)
                 put(j, e, (size_t)snprintf(e, sizeof(e), "\\u%04x", c));
             i++;
         } else {
-            size_t k = valid_utf8(u + i, n - i);
+            size_t k = pp_utf8_char_len(u + i, n - i);
             if (k == 0) {
                 put(j, "\xef\xbf\xbd", 3);
                 i++;

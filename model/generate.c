@@ -54,7 +54,7 @@ static int accept_token(struct gen *g, int32_t id, struct pp_gen_result *res)
     g->history[g->n_hist++] = id;
     res->ids[res->n_ids++] = id;
     if (g->tok) {
-        char piece[256];
+        char piece[1024];
         int n = pp_tokenizer_piece(g->tok, id, piece, sizeof(piece));
         if (n > (int)sizeof(piece))
             n = (int)sizeof(piece);
@@ -146,12 +146,12 @@ pp_status pp_generate(struct pp_executor *ex, const struct pp_tokenizer *tok,
         st = run(&g, res);
         emit_text(&g, 1);
         if (tok && st == PP_OK) {
-            res->text = pp_alloc(PP_MEM_MISC, g.ts.len + 1);
-            if (res->text) {
-                if (g.ts.len)
-                    memcpy(res->text, g.ts.buf, g.ts.len);
-                res->text[g.ts.len] = '\0';
-                res->text_len = g.ts.len;
+            res->text = pp_alloc(PP_MEM_MISC, g.ts.text_len + 1);
+            if (res->text && !g.ts.oom) {
+                if (g.ts.text_len)
+                    memcpy(res->text, g.ts.text, g.ts.text_len);
+                res->text[g.ts.text_len] = '\0';
+                res->text_len = g.ts.text_len;
             } else {
                 st = PP_ERR_NOMEM;
             }

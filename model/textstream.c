@@ -1,9 +1,10 @@
-/* Hold-back rules of the text stream. */
+/* Hold-back and repair rules of the text stream. Stop strings are matched on the raw bytes. */
 #include "model/textstream.h"
 
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/utf8.h"
 
 void pp_textstream_init(struct pp_textstream *ts, const char *const *stops, int n_stops)
 {
@@ -14,8 +15,27 @@ void pp_textstream_init(struct pp_textstream *ts, const char *const *stops, int 
 
 void pp_textstream_free(struct pp_textstream *ts)
 {
-    pp_free(PP_MEM_MISC, ts->buf);
+    pp_free(PP_MEM_MISC, ts->raw);
+    pp_free(PP_MEM_MISC, ts->text);
     memset(ts, 0, sizeof(*ts));
+}
+
+static int grow(char **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 256;
+    while (c < need)
+        c *= 2;
+    char *nb = pp_alloc(PP_MEM_MISC, c);
+    if (!nb)
+        return -1;
+    if (*buf)
+        memcpy(nb, *buf, *cap);
+    pp_free(PP_MEM_MISC, *buf);
+    *buf = nb;
+    *cap = c;
+    return 0;
 }
 
 static size_t max_stop_len(const struct pp_textstream *ts)
@@ -31,83 +51,78 @@ int pp_textstream_push(struct pp_textstream *ts, const char *bytes, size_t n)
 {
     if (ts->stopped)
         return 1;
-    if (ts->len + n + 1 > ts->cap) {
-        size_t cap = ts->cap ? ts->cap : 256;
-        while (cap < ts->len + n + 1)
-            cap *= 2;
-        char *nb = pp_alloc(PP_MEM_MISC, cap);
-        if (!nb)
-            return -1;
-        if (ts->buf)
-            memcpy(nb, ts->buf, ts->len);
-        pp_free(PP_MEM_MISC, ts->buf);
-        ts->buf = nb;
-        ts->cap = cap;
+    if (grow(&ts->raw, &ts->raw_cap, ts->raw_len + n + 1) != 0) {
+        ts->oom = 1;
+        return -1;
     }
-    memcpy(ts->buf + ts->len, bytes, n);
-    size_t old = ts->len;
-    ts->len += n;
-    /* a new match must end inside the new bytes, so it starts at most max_len-1 bytes before them */
+    memcpy(ts->raw + ts->raw_len, bytes, n);
+    size_t old = ts->raw_len;
+    ts->raw_len += n;
+    /* a new match ends inside the new bytes, so it starts at most max_len-1 bytes before them */
     size_t ml = max_stop_len(ts);
-    size_t from = old > ml ? old - ml : 0;
-    size_t cut = ts->len + 1;
+    size_t from = old + 1 > ml ? old + 1 - ml : 0;
+    size_t cut = ts->raw_len + 1;
     for (int i = 0; i < ts->n_stops; i++) {
         size_t sl = strlen(ts->stops[i]);
-        if (sl == 0 || sl > ts->len)
-            continue;
-        for (size_t p = from; p + sl <= ts->len; p++)
-            if (memcmp(ts->buf + p, ts->stops[i], sl) == 0) {
-                if (p < cut)
-                    cut = p;
+        for (size_t p = from; sl > 0 && p + sl <= ts->raw_len && p < cut; p++)
+            if (memcmp(ts->raw + p, ts->stops[i], sl) == 0) {
+                cut = p;
                 break;
             }
     }
-    if (cut <= ts->len) {
-        ts->len = cut < ts->emitted ? ts->emitted : cut;
+    if (cut <= ts->raw_len) {
+        ts->raw_len = cut < ts->raw_done ? ts->raw_done : cut;
         ts->stopped = 1;
         return 1;
     }
     return 0;
 }
 
-/* Bytes at the end of buf[0..len) that begin an unfinished UTF-8 character. */
-static size_t incomplete_utf8_tail(const char *s, size_t len)
+/* Raw bytes that may still be held: the longest suffix that is a proper prefix of a stop string. */
+static size_t stop_prefix_hold(const struct pp_textstream *ts)
 {
-    for (size_t back = 1; back <= 3 && back <= len; back++) {
-        unsigned char c = (unsigned char)s[len - back];
-        if ((c & 0xc0) == 0x80)
-            continue; /* continuation byte: look further back for the lead */
-        size_t need = c >= 0xf0 && c < 0xf8 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-        return need > back ? back : 0;
+    size_t hold = 0;
+    for (int i = 0; i < ts->n_stops; i++) {
+        size_t sl = strlen(ts->stops[i]);
+        for (size_t k = sl > 0 ? sl - 1 : 0; k > hold; k--)
+            if (k <= ts->raw_len && memcmp(ts->raw + ts->raw_len - k, ts->stops[i], k) == 0) {
+                hold = k;
+                break;
+            }
     }
-    return 0;
+    return hold;
 }
 
 size_t pp_textstream_take(struct pp_textstream *ts, int final, const char **out)
 {
-    if (!ts->buf) {
+    size_t start = ts->text_len;
+    int flush = final || ts->stopped;
+    size_t end = ts->raw_len - (flush ? 0 : stop_prefix_hold(ts));
+    if (end < ts->raw_done)
+        end = ts->raw_done;
+    /* every raw byte becomes at most 3 text bytes (U+FFFD) */
+    if (grow(&ts->text, &ts->text_cap, ts->text_len + 3 * (end - ts->raw_done) + 1) != 0) {
+        ts->oom = 1;
         *out = "";
         return 0;
     }
-    size_t safe = ts->len;
-    if (!final && !ts->stopped) {
-        /* hold back the longest suffix that is a proper prefix of a stop string */
-        for (int i = 0; i < ts->n_stops; i++) {
-            size_t sl = strlen(ts->stops[i]);
-            for (size_t k = sl > 0 ? sl - 1 : 0; k > 0; k--)
-                if (k <= ts->len && memcmp(ts->buf + ts->len - k, ts->stops[i], k) == 0) {
-                    if (ts->len - k < safe)
-                        safe = ts->len - k;
-                    break;
-                }
+    const unsigned char *r = (const unsigned char *)ts->raw;
+    size_t i = ts->raw_done;
+    while (i < end) {
+        size_t k = pp_utf8_char_len(r + i, end - i);
+        if (k > 0) {
+            memcpy(ts->text + ts->text_len, r + i, k);
+            ts->text_len += k;
+            i += k;
+        } else if (!flush && pp_utf8_is_prefix(r + i, end - i)) {
+            break; /* the character may complete with the next token */
+        } else {
+            memcpy(ts->text + ts->text_len, "\xef\xbf\xbd", 3);
+            ts->text_len += 3;
+            i += 1;
         }
-        size_t tail = incomplete_utf8_tail(ts->buf, safe);
-        safe -= tail;
     }
-    if (safe < ts->emitted)
-        safe = ts->emitted;
-    *out = ts->buf + ts->emitted;
-    size_t n = safe - ts->emitted;
-    ts->emitted = safe;
-    return n;
+    ts->raw_done = i;
+    *out = ts->text ? ts->text + start : "";
+    return ts->text_len - start;
 }

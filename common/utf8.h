@@ -1,0 +1,15 @@
+/* UTF-8 validity checks shared by the JSON writer and the text stream. Valid means what RFC 3629
+ * allows: no overlong forms, no surrogates, nothing above U+10FFFF. */
+#ifndef PP_UTF8_H
+#define PP_UTF8_H
+
+#include <stddef.h>
+
+/* Length (1-4) of the valid character at s[0..avail), or 0 when the bytes there are not one (an
+ * invalid byte, or a character cut short by avail). */
+size_t pp_utf8_char_len(const unsigned char *s, size_t avail);
+
+/* 1 when s[0..avail) is a proper prefix of some valid character: more bytes may complete it. */
+int pp_utf8_is_prefix(const unsigned char *s, size_t avail);
+
+#endif
