@@ -17,10 +17,14 @@ void pp__gguf_init(struct pp__gguf_writer *w)
 uint32_t pp__gguf_ggml_type(enum pp_dtype t)
 {
     switch (t) {
-    case PP_DTYPE_F16: return 1;
-    case PP_DTYPE_Q8_0: return 8;
-    case PP_DTYPE_BF16: return 30;
-    default: return 0;
+    case PP_DTYPE_F16:
+        return 1;
+    case PP_DTYPE_Q8_0:
+        return 8;
+    case PP_DTYPE_BF16:
+        return 30;
+    default:
+        return 0;
     }
 }
 
@@ -100,8 +104,7 @@ void pp__gguf_add_str_array(struct pp__gguf_writer *w, const char *key, const ch
         put_str(&w->kv, v[i]);
 }
 
-void pp__gguf_add_f32_array(struct pp__gguf_writer *w, const char *key, const float *v,
-                            uint64_t n)
+void pp__gguf_add_f32_array(struct pp__gguf_writer *w, const char *key, const float *v, uint64_t n)
 {
     put_array_head(w, key, PP__GGUF_F32, n);
     pp__sbuf_put(&w->kv, v, (size_t)n * 4);
@@ -126,9 +129,10 @@ pp_status pp__gguf_add_tensor(struct pp__gguf_writer *w, const char *name, int n
         return pp_error(PP_ERR_INTERNAL, "gguf writer: tensor %s: bad shape", name);
     int64_t row_bytes = pp_dtype_row_bytes(type, shape[n_dims - 1]);
     if (row_bytes < 0)
-        return pp_error(PP_ERR_INVALID_ARG, "gguf writer: tensor %s: rows of %lld elements "
-                        "cannot be stored as %s", name, (long long)shape[n_dims - 1],
-                        pp_dtype_name(type));
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "gguf writer: tensor %s: rows of %lld elements "
+                        "cannot be stored as %s",
+                        name, (long long)shape[n_dims - 1], pp_dtype_name(type));
     uint64_t nbytes = (uint64_t)row_bytes;
     for (int i = 0; i < n_dims - 1; i++)
         nbytes *= (uint64_t)shape[i];
@@ -204,8 +208,7 @@ pp_status pp__gguf_finish(struct pp__gguf_writer *w)
 {
     if (w->cur != w->n_tensors || w->out.pos != w->data_start + w->data_size)
         return pp_error(PP_ERR_INTERNAL, "gguf writer: %s: %llu of %llu tensors written",
-                        w->out.path, (unsigned long long)w->cur,
-                        (unsigned long long)w->n_tensors);
+                        w->out.path, (unsigned long long)w->cur, (unsigned long long)w->n_tensors);
     return pp__out_commit(&w->out);
 }
 

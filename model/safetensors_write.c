@@ -11,10 +11,14 @@
 const char *pp__st_dtype_name(enum pp_dtype t)
 {
     switch (t) {
-    case PP_DTYPE_F32: return "F32";
-    case PP_DTYPE_F16: return "F16";
-    case PP_DTYPE_BF16: return "BF16";
-    default: return NULL;
+    case PP_DTYPE_F32:
+        return "F32";
+    case PP_DTYPE_F16:
+        return "F16";
+    case PP_DTYPE_BF16:
+        return "BF16";
+    default:
+        return NULL;
     }
 }
 
@@ -27,11 +31,12 @@ pp_status pp__st_add(struct pp__st_writer *w, const char *name, enum pp_dtype ty
                      const int64_t *shape)
 {
     if (!pp__st_dtype_name(type))
-        return pp_error(PP_ERR_INVALID_ARG, "safetensors writer: tensor %s: dtype %s has no "
-                        "safetensors form", name, pp_dtype_name(type));
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "safetensors writer: tensor %s: dtype %s has no "
+                        "safetensors form",
+                        name, pp_dtype_name(type));
     if (n_dims < 1 || n_dims > 2 || strlen(name) >= sizeof(w->entries->name))
-        return pp_error(PP_ERR_INTERNAL, "safetensors writer: tensor %s: bad name or shape",
-                        name);
+        return pp_error(PP_ERR_INTERNAL, "safetensors writer: tensor %s: bad name or shape", name);
     if (w->n == w->cap) {
         uint64_t cap = w->cap ? 2 * w->cap : 64;
         struct pp__st_entry *e = pp_alloc(PP_MEM_MISC, (size_t)cap * sizeof(*e));
@@ -73,7 +78,7 @@ static void build_header(const struct pp__st_writer *w, struct pp__sbuf *b)
         offset += e->nbytes;
     }
     pp__sbuf_puts(b, "}");
-    while (b->len % HEADER_ALIGN)
+    while (b->len % HEADER_ALIGN && !b->failed)
         pp__sbuf_puts(b, " ");
 }
 
@@ -83,8 +88,7 @@ pp_status pp__st_begin(struct pp__st_writer *w, const char *path)
     build_header(w, &header);
     if (header.failed) {
         pp__sbuf_free(&header);
-        return pp_error(PP_ERR_NOMEM, "safetensors writer: no memory for the header of %s",
-                        path);
+        return pp_error(PP_ERR_NOMEM, "safetensors writer: no memory for the header of %s", path);
     }
     uint64_t len = header.len;
     pp_status st = pp__out_open(&w->out, path);
@@ -100,8 +104,10 @@ pp_status pp__st_begin(struct pp__st_writer *w, const char *path)
 pp_status pp__st_write(struct pp__st_writer *w, const void *data, uint64_t n)
 {
     if (w->cur >= w->n || n > w->entries[w->cur].nbytes - w->cur_done)
-        return pp_error(PP_ERR_INTERNAL, "safetensors writer: %s: more tensor bytes than "
-                        "declared", w->out.path);
+        return pp_error(PP_ERR_INTERNAL,
+                        "safetensors writer: %s: more tensor bytes than "
+                        "declared",
+                        w->out.path);
     pp_status st = pp__out_write(&w->out, data, n);
     if (st)
         return st;

@@ -1,7 +1,8 @@
 /* Internals of the synthetic model writer (model/synth*.c, model/gguf_write.c,
  * model/safetensors_write.c): the canonical tensor table, the deterministic weight values, the
  * tokenizer vocabulary, and the small output helpers (atomic file, byte/JSON buffer, GGUF and
- * safetensors writers). Not a public interface: only the synth module and its unit test include it. */
+ * safetensors writers). Not a public interface: only the synth module and its unit test include it.
+ */
 #ifndef PP_SYNTH_IMPL_H
 #define PP_SYNTH_IMPL_H
 
@@ -19,7 +20,7 @@ enum pp__synth_arch { PP__SYNTH_LLAMA = 0, PP__SYNTH_MISTRAL, PP__SYNTH_QWEN2 };
 
 /* A spec with the arch defaults applied and head_dim filled in. */
 struct pp__synth_model {
-    struct pp_synth_spec s;      /* resolved: qkv_bias 0/1, rope_theta, norm_eps, head_dim set */
+    struct pp_synth_spec s; /* resolved: qkv_bias 0/1, rope_theta, norm_eps, head_dim set */
     enum pp__synth_arch arch;
 };
 
@@ -36,12 +37,12 @@ enum pp__synth_kind {
 };
 
 struct pp__synth_tensor {
-    char hf_name[96];      /* canonical name, also the hash key of the values */
+    char hf_name[96]; /* canonical name, also the hash key of the values */
     char gguf_name[64];
     enum pp__synth_kind kind;
-    int n_dims;            /* 1 or 2 */
-    int64_t shape[2];      /* numpy order: [rows, cols] or [n] */
-    int32_t perm_heads;    /* GGUF llama: rows (or elements) permuted in this many heads; 0 = none */
+    int n_dims;         /* 1 or 2 */
+    int64_t shape[2];   /* numpy order: [rows, cols] or [n] */
+    int32_t perm_heads; /* GGUF llama: rows (or elements) permuted in this many heads; 0 = none */
 };
 
 /* Number of tensors of the model (HF = GGUF, not counting GGUF's rope_freqs.weight). */
@@ -94,13 +95,13 @@ enum pp__token_type {
 };
 
 struct pp__synth_vocab {
-    int32_t n;            /* = vocab_size */
-    char **tokens;        /* [n] UTF-8 strings (spaces shown as U+2581) */
-    float *scores;        /* [n] */
-    int32_t *types;       /* [n] enum pp__token_type */
-    int32_t n_chars;      /* single-character tokens, ids 259 .. 259+n_chars-1 */
-    int32_t n_merges;     /* learned merges, in rank order */
-    int32_t *merges;      /* [n_merges][2] left and right token ids */
+    int32_t n;        /* = vocab_size */
+    char **tokens;    /* [n] UTF-8 strings (spaces shown as U+2581) */
+    float *scores;    /* [n] */
+    int32_t *types;   /* [n] enum pp__token_type */
+    int32_t n_chars;  /* single-character tokens, ids 259 .. 259+n_chars-1 */
+    int32_t n_merges; /* learned merges, in rank order */
+    int32_t *merges;  /* [n_merges][2] left and right token ids */
 };
 
 #define PP__VOCAB_FIRST_CHAR 259 /* 3 specials + 256 bytes */
@@ -141,7 +142,7 @@ struct pp__out_file {
     FILE *f;
     char path[4096];
     char tmp[4096 + 32];
-    uint64_t pos;          /* bytes written so far */
+    uint64_t pos; /* bytes written so far */
 };
 
 pp_status pp__out_open(struct pp__out_file *o, const char *path);
@@ -157,8 +158,13 @@ pp_status pp__out_write_file(const char *path, const void *data, uint64_t n);
 /* ---- GGUF writer (gguf_write.c) ---- */
 
 enum pp__gguf_type {
-    PP__GGUF_U32 = 4, PP__GGUF_I32 = 5, PP__GGUF_F32 = 6, PP__GGUF_BOOL = 7,
-    PP__GGUF_STRING = 8, PP__GGUF_ARRAY = 9, PP__GGUF_U64 = 10,
+    PP__GGUF_U32 = 4,
+    PP__GGUF_I32 = 5,
+    PP__GGUF_F32 = 6,
+    PP__GGUF_BOOL = 7,
+    PP__GGUF_STRING = 8,
+    PP__GGUF_ARRAY = 9,
+    PP__GGUF_U64 = 10,
 };
 
 #define PP__GGUF_ALIGN 32
@@ -170,13 +176,13 @@ struct pp__gguf_tensor_info {
 /* Usage: init; add metadata and tensor infos; begin (writes the header); then the bytes of every
  * tensor in the order they were added, in any number of pieces; finish. free always. */
 struct pp__gguf_writer {
-    struct pp__sbuf kv;      /* serialized key/value pairs */
-    struct pp__sbuf infos;   /* serialized tensor infos */
+    struct pp__sbuf kv;    /* serialized key/value pairs */
+    struct pp__sbuf infos; /* serialized tensor infos */
     uint64_t n_kv, n_tensors;
     struct pp__gguf_tensor_info *tensors;
     uint64_t cap, data_size;
-    uint64_t cur, cur_done;  /* streaming: tensor being written, its bytes so far */
-    uint64_t data_start;     /* file offset of the data section */
+    uint64_t cur, cur_done; /* streaming: tensor being written, its bytes so far */
+    uint64_t data_start;    /* file offset of the data section */
     struct pp__out_file out;
     int nomem;
 };
@@ -190,8 +196,7 @@ void pp__gguf_add_bool(struct pp__gguf_writer *w, const char *key, int v);
 void pp__gguf_add_str(struct pp__gguf_writer *w, const char *key, const char *v);
 void pp__gguf_add_str_array(struct pp__gguf_writer *w, const char *key, const char *const *v,
                             uint64_t n);
-void pp__gguf_add_f32_array(struct pp__gguf_writer *w, const char *key, const float *v,
-                            uint64_t n);
+void pp__gguf_add_f32_array(struct pp__gguf_writer *w, const char *key, const float *v, uint64_t n);
 void pp__gguf_add_i32_array(struct pp__gguf_writer *w, const char *key, const int32_t *v,
                             uint64_t n);
 /* shape in numpy order (the file gets it reversed); type F32/F16/BF16/Q8_0. */

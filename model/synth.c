@@ -89,8 +89,10 @@ static pp_status parse_arch(const struct pp_synth_spec *s, enum pp__synth_arch *
 {
     static const char *const names[] = {"llama", "mistral", "qwen2"};
     if (memchr(s->arch, '\0', sizeof(s->arch)) == NULL)
-        return pp_error(PP_ERR_INVALID_ARG, "synth spec: arch: expected a NUL-terminated name, "
-                        "got %d bytes without one", (int)sizeof(s->arch));
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "synth spec: arch: expected a NUL-terminated name, "
+                        "got %d bytes without one",
+                        (int)sizeof(s->arch));
     for (int i = 0; i < 3; i++) {
         if (strcmp(s->arch, names[i]) == 0) {
             *arch = (enum pp__synth_arch)i;
@@ -160,11 +162,15 @@ static pp_status check_floats(const struct pp__synth_model *m)
 {
     const struct pp_synth_spec *r = &m->s;
     if (!isfinite(r->rope_theta) || r->rope_theta <= 1.0f)
-        return pp_error(PP_ERR_INVALID_ARG, "synth spec: rope_theta: expected a finite value > 1 "
-                        "(or 0 for the default), got %g", (double)r->rope_theta);
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "synth spec: rope_theta: expected a finite value > 1 "
+                        "(or 0 for the default), got %g",
+                        (double)r->rope_theta);
     if (!isfinite(r->norm_eps) || r->norm_eps <= 0.0f || r->norm_eps >= 1.0f)
-        return pp_error(PP_ERR_INVALID_ARG, "synth spec: norm_eps: expected a value in (0, 1) "
-                        "(or 0 for the default), got %g", (double)r->norm_eps);
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "synth spec: norm_eps: expected a value in (0, 1) "
+                        "(or 0 for the default), got %g",
+                        (double)r->norm_eps);
     return PP_OK;
 }
 
@@ -192,8 +198,10 @@ pp_status pp__synth_resolve(const struct pp_synth_spec *s, struct pp__synth_mode
     if ((st = check_floats(m)))
         return st;
     if (s->sliding_window != 0 && m->arch != PP__SYNTH_MISTRAL)
-        return pp_error(PP_ERR_INVALID_ARG, "synth spec: sliding_window: expected 0 for arch %s "
-                        "(only mistral has one), got %d", s->arch, s->sliding_window);
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "synth spec: sliding_window: expected 0 for arch %s "
+                        "(only mistral has one), got %d",
+                        s->arch, s->sliding_window);
     int64_t n_tensors = pp__synth_tensor_count(m);
     if ((st = check_range("shards", s->shards, 1, n_tensors < 99999 ? n_tensors : 99999)))
         return st;

@@ -1,12 +1,13 @@
-/* Synthetic model writer behind `ppserve synth`: builds a random but fully deterministic decoder-only
- * transformer (llama, mistral or qwen2 shape) and writes it as one GGUF file and/or as an HF
- * checkpoint directory. Both copies hold exactly the same f32 weight values (the GGUF copy is a
- * permutation of the HF one where the GGUF `llama` RoPE layout asks for it), so loaders, the executor
- * and the numpy reference can be checked against each other on any shape without downloads.
+/* Synthetic model writer behind `ppserve synth`: builds a random but fully deterministic
+ * decoder-only transformer (llama, mistral or qwen2 shape) and writes it as one GGUF file and/or as
+ * an HF checkpoint directory. Both copies hold exactly the same f32 weight values (the GGUF copy is
+ * a permutation of the HF one where the GGUF `llama` RoPE layout asks for it), so loaders, the
+ * executor and the numpy reference can be checked against each other on any shape without
+ * downloads.
  *
- * Every weight is a pure function of (seed, HF tensor name, element index); the tokenizer is a small
- * SentencePiece-style BPE vocabulary trained on a built-in English text. Not thread-safe across calls
- * that write the same path; otherwise reentrant. */
+ * Every weight is a pure function of (seed, HF tensor name, element index); the tokenizer is a
+ * small SentencePiece-style BPE vocabulary trained on a built-in English text. Not thread-safe
+ * across calls that write the same path; otherwise reentrant. */
 #ifndef PP_SYNTH_H
 #define PP_SYNTH_H
 
@@ -16,18 +17,18 @@
 #include "kernels/dtype.h"
 
 struct pp_synth_spec {
-    char arch[16];          /* "llama", "mistral", "qwen2" */
+    char arch[16]; /* "llama", "mistral", "qwen2" */
     int32_t dim, n_layers, n_heads, n_kv_heads;
-    int32_t head_dim;       /* 0 = dim / n_heads */
+    int32_t head_dim; /* 0 = dim / n_heads */
     int32_t ffn_dim, vocab_size, max_context;
-    enum pp_dtype dtype;    /* weights; Q8_0 only for GGUF: the HF copy then stores the dequantized
-                               values as F32 */
+    enum pp_dtype dtype; /* weights; Q8_0 only for GGUF: the HF copy then stores the dequantized
+                            values as F32 */
     uint64_t seed;
-    int tied;               /* tie_word_embeddings: no output.weight / lm_head.weight */
-    int qkv_bias;           /* write q/k/v biases; < 0 = the arch default (1 for qwen2, 0 otherwise) */
-    int rope_llama3;        /* Llama 3.1 rope scaling: factor 8, low 1, high 4, original context 8192 */
-    float rope_theta;       /* 0 = default 10000 (500000 when rope_llama3) */
-    float norm_eps;         /* 0 = default 1e-5 (1e-6 for qwen2) */
+    int tied;         /* tie_word_embeddings: no output.weight / lm_head.weight */
+    int qkv_bias;     /* write q/k/v biases; < 0 = the arch default (1 for qwen2, 0 otherwise) */
+    int rope_llama3;  /* Llama 3.1 rope scaling: factor 8, low 1, high 4, original context 8192 */
+    float rope_theta; /* 0 = default 10000 (500000 when rope_llama3) */
+    float norm_eps;   /* 0 = default 1e-5 (1e-6 for qwen2) */
     int32_t sliding_window; /* mistral only, 0 = none */
     int32_t shards;         /* HF: number of safetensors shards (1 = model.safetensors, >1 =
                                model-0000i-of-0000n.safetensors + model.safetensors.index.json) */
@@ -38,7 +39,8 @@ struct pp_synth_spec {
  * 4 layers, 8 heads, 2 KV heads, ffn 688, vocab 1024, ctx 1024, llama, f32), "tiny" (dim 64,
  * 2 layers, 4 heads, 2 kv heads, ffn 160, vocab 300, ctx 256, llama, f32), "llama3-8b" (dim 4096,
  * 32 layers, 32 heads, 8 KV, ffn 14336, vocab 128256, ctx 8192, rope_llama3, bf16). Returns
- * PP_ERR_INVALID_ARG (with pp_error listing the known names) otherwise, leaving *out at defaults. */
+ * PP_ERR_INVALID_ARG (with pp_error listing the known names) otherwise, leaving *out at defaults.
+ */
 pp_status pp_synth_shape(const char *name, struct pp_synth_spec *out);
 
 /* Zeroes *s and sets arch "llama", dtype f32, seed 1, shards 1, and the "arch default" markers

@@ -1,6 +1,6 @@
-/* Atomic output files for the synth writers: everything goes to "<path>.tmp.<pid>", which is renamed
- * over path only after every write, the flush and the close succeeded, so a failed or interrupted
- * write never leaves a truncated model where a loader would find it. */
+/* Atomic output files for the synth writers: everything goes to "<path>.tmp.<pid>", which is
+ * renamed over path only after every write, the flush and the close succeeded, so a failed or
+ * interrupted write never leaves a truncated model where a loader would find it. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -69,8 +69,7 @@ pp_status pp__out_commit(struct pp__out_file *o)
     if (rename(o->tmp, o->path) != 0) {
         err = errno;
         unlink(o->tmp);
-        return pp_error(PP_ERR_IO, "%s: rename from %s failed: %s", o->path, o->tmp,
-                        strerror(err));
+        return pp_error(PP_ERR_IO, "%s: rename from %s failed: %s", o->path, o->tmp, strerror(err));
     }
     o->tmp[0] = '\0';
     return PP_OK;

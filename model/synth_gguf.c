@@ -10,10 +10,14 @@
 static uint32_t file_type(enum pp_dtype t)
 {
     switch (t) {
-    case PP_DTYPE_F16: return 1;  /* MOSTLY_F16 */
-    case PP_DTYPE_Q8_0: return 7; /* MOSTLY_Q8_0 */
-    case PP_DTYPE_BF16: return 32; /* MOSTLY_BF16 */
-    default: return 0;            /* ALL_F32 */
+    case PP_DTYPE_F16:
+        return 1; /* MOSTLY_F16 */
+    case PP_DTYPE_Q8_0:
+        return 7; /* MOSTLY_Q8_0 */
+    case PP_DTYPE_BF16:
+        return 32; /* MOSTLY_BF16 */
+    default:
+        return 0; /* ALL_F32 */
     }
 }
 

@@ -164,8 +164,8 @@ static pp_status write_weights(const struct pp__synth_model *m, const char *dir)
         return pp_error(PP_ERR_NOMEM, "synth: no memory for the shard map");
     uint64_t total;
     assign_shards(m, shard_of, &total);
-    pp_status st = remove_stale(dir, m->s.shards == 1 ? "model.safetensors.index.json"
-                                                      : "model.safetensors");
+    pp_status st =
+        remove_stale(dir, m->s.shards == 1 ? "model.safetensors.index.json" : "model.safetensors");
     for (int32_t k = 0; k < m->s.shards && !st; k++)
         st = write_shard(m, dir, shard_of, k);
     if (!st && m->s.shards > 1)
@@ -221,9 +221,10 @@ pp_status pp_synth_write_hf(const struct pp_synth_spec *s, const char *dir)
         return st;
     if (!dir)
         return pp_error(PP_ERR_INVALID_ARG, "synth: output directory is NULL");
-    if ((st = make_dirs(dir)) || (st = write_json(dir, "config.json", config_json, &m)) ||
+    /* config.json last, so a first write that fails leaves no folder that looks loadable */
+    if ((st = make_dirs(dir)) || (st = write_weights(&m, dir)) ||
         (st = write_json(dir, "tokenizer.json", tokenizer_json, &m)) ||
         (st = write_json(dir, "tokenizer_config.json", tokenizer_config_json, &m)))
         return st;
-    return write_weights(&m, dir);
+    return write_json(dir, "config.json", config_json, &m);
 }

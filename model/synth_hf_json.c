@@ -10,9 +10,12 @@
 static const char *torch_dtype(enum pp_dtype t)
 {
     switch (t) {
-    case PP_DTYPE_F16: return "float16";
-    case PP_DTYPE_BF16: return "bfloat16";
-    default: return "float32"; /* Q8_0 is stored dequantized */
+    case PP_DTYPE_F16:
+        return "float16";
+    case PP_DTYPE_BF16:
+        return "bfloat16";
+    default:
+        return "float32"; /* Q8_0 is stored dequantized */
     }
 }
 
@@ -56,8 +59,12 @@ pp_status pp__synth_hf_config(const struct pp__synth_model *m, struct pp__sbuf *
 
 static void added_tokens(const struct pp__synth_vocab *v, struct pp__sbuf *b)
 {
+    /* the specials and the unused filler tokens: special, so decoding drops them as GGUF readers
+     * drop control and unused tokens */
     pp__sbuf_puts(b, "  \"added_tokens\": [");
-    for (int32_t id = 0; id < 3; id++) {
+    for (int32_t id = 0; id < v->n; id++) {
+        if (id >= 3 && v->types[id] != PP__TOK_UNUSED)
+            continue;
         pp__sbuf_printf(b, "%s\n    {\"id\": %d, \"content\": ", id ? "," : "", id);
         pp__sbuf_json_str(b, v->tokens[id]);
         pp__sbuf_puts(b, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
@@ -90,9 +97,10 @@ static void pipeline(struct pp__sbuf *b)
 
 static void bpe_model(const struct pp__synth_vocab *v, struct pp__sbuf *b)
 {
-    pp__sbuf_puts(b, "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": \"<unk>\", "
-                     "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, "
-                     "\"fuse_unk\": true, \"byte_fallback\": true,\n    \"vocab\": {");
+    pp__sbuf_puts(b,
+                  "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": \"<unk>\", "
+                  "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, "
+                  "\"fuse_unk\": true, \"byte_fallback\": true,\n    \"vocab\": {");
     for (int32_t id = 0; id < v->n; id++) {
         pp__sbuf_puts(b, id ? ",\n      " : "\n      ");
         pp__sbuf_json_str(b, v->tokens[id]);

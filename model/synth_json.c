@@ -1,5 +1,5 @@
-/* A growable byte buffer with JSON helpers, used to build GGUF metadata, safetensors headers and the
- * HF side files in memory before they are written. Allocation failures are sticky (see
+/* A growable byte buffer with JSON helpers, used to build GGUF metadata, safetensors headers and
+ * the HF side files in memory before they are written. Allocation failures are sticky (see
  * synth-impl.h) so the builders stay free of per-append checks. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -77,13 +77,27 @@ void pp__sbuf_json_str(struct pp__sbuf *b, const char *s)
     pp__sbuf_put(b, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         switch (*p) {
-        case '"': pp__sbuf_put(b, "\\\"", 2); break;
-        case '\\': pp__sbuf_put(b, "\\\\", 2); break;
-        case '\n': pp__sbuf_put(b, "\\n", 2); break;
-        case '\r': pp__sbuf_put(b, "\\r", 2); break;
-        case '\t': pp__sbuf_put(b, "\\t", 2); break;
-        case '\b': pp__sbuf_put(b, "\\b", 2); break;
-        case '\f': pp__sbuf_put(b, "\\f", 2); break;
+        case '"':
+            pp__sbuf_put(b, "\\\"", 2);
+            break;
+        case '\\':
+            pp__sbuf_put(b, "\\\\", 2);
+            break;
+        case '\n':
+            pp__sbuf_put(b, "\\n", 2);
+            break;
+        case '\r':
+            pp__sbuf_put(b, "\\r", 2);
+            break;
+        case '\t':
+            pp__sbuf_put(b, "\\t", 2);
+            break;
+        case '\b':
+            pp__sbuf_put(b, "\\b", 2);
+            break;
+        case '\f':
+            pp__sbuf_put(b, "\\f", 2);
+            break;
         default:
             if (*p < 0x20 || *p == 0x7f)
                 pp__sbuf_printf(b, "\\u%04x", *p);

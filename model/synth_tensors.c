@@ -45,30 +45,70 @@ static void layer_tensor(const struct pp__synth_model *m, int64_t layer, int64_t
     if (!s->qkv_bias)
         j = no_bias_slot[j];
     switch (j) {
-    case 0: hf = "input_layernorm.weight"; gg = "attn_norm.weight";
-        set(t, PP__SYNTH_NORM, s->dim, 0); break;
-    case 1: hf = "self_attn.q_proj.weight"; gg = "attn_q.weight";
-        set(t, PP__SYNTH_LINEAR, q_dim, s->dim); t->perm_heads = llama ? s->n_heads : 0; break;
-    case 2: hf = "self_attn.q_proj.bias"; gg = "attn_q.bias";
-        set(t, PP__SYNTH_BIAS, q_dim, 0); t->perm_heads = llama ? s->n_heads : 0; break;
-    case 3: hf = "self_attn.k_proj.weight"; gg = "attn_k.weight";
-        set(t, PP__SYNTH_LINEAR, kv_dim, s->dim); t->perm_heads = llama ? s->n_kv_heads : 0; break;
-    case 4: hf = "self_attn.k_proj.bias"; gg = "attn_k.bias";
-        set(t, PP__SYNTH_BIAS, kv_dim, 0); t->perm_heads = llama ? s->n_kv_heads : 0; break;
-    case 5: hf = "self_attn.v_proj.weight"; gg = "attn_v.weight";
-        set(t, PP__SYNTH_LINEAR, kv_dim, s->dim); break;
-    case 6: hf = "self_attn.v_proj.bias"; gg = "attn_v.bias";
-        set(t, PP__SYNTH_BIAS, kv_dim, 0); break;
-    case 7: hf = "self_attn.o_proj.weight"; gg = "attn_output.weight";
-        set(t, PP__SYNTH_LINEAR, s->dim, q_dim); break;
-    case 8: hf = "post_attention_layernorm.weight"; gg = "ffn_norm.weight";
-        set(t, PP__SYNTH_NORM, s->dim, 0); break;
-    case 9: hf = "mlp.gate_proj.weight"; gg = "ffn_gate.weight";
-        set(t, PP__SYNTH_LINEAR, s->ffn_dim, s->dim); break;
-    case 10: hf = "mlp.up_proj.weight"; gg = "ffn_up.weight";
-        set(t, PP__SYNTH_LINEAR, s->ffn_dim, s->dim); break;
-    default: hf = "mlp.down_proj.weight"; gg = "ffn_down.weight";
-        set(t, PP__SYNTH_LINEAR, s->dim, s->ffn_dim); break;
+    case 0:
+        hf = "input_layernorm.weight";
+        gg = "attn_norm.weight";
+        set(t, PP__SYNTH_NORM, s->dim, 0);
+        break;
+    case 1:
+        hf = "self_attn.q_proj.weight";
+        gg = "attn_q.weight";
+        set(t, PP__SYNTH_LINEAR, q_dim, s->dim);
+        t->perm_heads = llama ? s->n_heads : 0;
+        break;
+    case 2:
+        hf = "self_attn.q_proj.bias";
+        gg = "attn_q.bias";
+        set(t, PP__SYNTH_BIAS, q_dim, 0);
+        t->perm_heads = llama ? s->n_heads : 0;
+        break;
+    case 3:
+        hf = "self_attn.k_proj.weight";
+        gg = "attn_k.weight";
+        set(t, PP__SYNTH_LINEAR, kv_dim, s->dim);
+        t->perm_heads = llama ? s->n_kv_heads : 0;
+        break;
+    case 4:
+        hf = "self_attn.k_proj.bias";
+        gg = "attn_k.bias";
+        set(t, PP__SYNTH_BIAS, kv_dim, 0);
+        t->perm_heads = llama ? s->n_kv_heads : 0;
+        break;
+    case 5:
+        hf = "self_attn.v_proj.weight";
+        gg = "attn_v.weight";
+        set(t, PP__SYNTH_LINEAR, kv_dim, s->dim);
+        break;
+    case 6:
+        hf = "self_attn.v_proj.bias";
+        gg = "attn_v.bias";
+        set(t, PP__SYNTH_BIAS, kv_dim, 0);
+        break;
+    case 7:
+        hf = "self_attn.o_proj.weight";
+        gg = "attn_output.weight";
+        set(t, PP__SYNTH_LINEAR, s->dim, q_dim);
+        break;
+    case 8:
+        hf = "post_attention_layernorm.weight";
+        gg = "ffn_norm.weight";
+        set(t, PP__SYNTH_NORM, s->dim, 0);
+        break;
+    case 9:
+        hf = "mlp.gate_proj.weight";
+        gg = "ffn_gate.weight";
+        set(t, PP__SYNTH_LINEAR, s->ffn_dim, s->dim);
+        break;
+    case 10:
+        hf = "mlp.up_proj.weight";
+        gg = "ffn_up.weight";
+        set(t, PP__SYNTH_LINEAR, s->ffn_dim, s->dim);
+        break;
+    default:
+        hf = "mlp.down_proj.weight";
+        gg = "ffn_down.weight";
+        set(t, PP__SYNTH_LINEAR, s->dim, s->ffn_dim);
+        break;
     }
     snprintf(t->hf_name, sizeof(t->hf_name), "model.layers.%lld.%s", (long long)layer, hf);
     snprintf(t->gguf_name, sizeof(t->gguf_name), "blk.%lld.%s", (long long)layer, gg);

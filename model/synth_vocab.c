@@ -112,10 +112,10 @@ static char *normalize(void)
 
 struct trainer {
     struct pp__synth_vocab *v;
-    int32_t n_tokens;  /* tokens defined so far */
-    int32_t *seq;      /* the corpus as token ids, -1 before each word */
+    int32_t n_tokens; /* tokens defined so far */
+    int32_t *seq;     /* the corpus as token ids, -1 before each word */
     int64_t seq_len;
-    uint64_t *pairs;   /* scratch: (left << 32 | right) of each adjacent pair */
+    uint64_t *pairs; /* scratch: (left << 32 | right) of each adjacent pair */
 };
 
 static int cmp_u64(const void *a, const void *b)
@@ -163,8 +163,10 @@ static pp_status add_chars(struct trainer *t, const char *text)
         if (k < n_uniq && cmp_char(uniq[k], uniq_len[k], text + i, len) == 0)
             continue;
         if (n_uniq == MAX_CHARS)
-            return pp_error(PP_ERR_INTERNAL, "synth vocab: the corpus has more than %d "
-                            "characters, too many for a 300-token vocabulary", MAX_CHARS);
+            return pp_error(PP_ERR_INTERNAL,
+                            "synth vocab: the corpus has more than %d "
+                            "characters, too many for a 300-token vocabulary",
+                            MAX_CHARS);
         memmove(uniq + k + 1, uniq + k, (size_t)(n_uniq - k) * sizeof(*uniq));
         memmove(uniq_len + k + 1, uniq_len + k, (size_t)(n_uniq - k) * sizeof(*uniq_len));
         uniq[k] = text + i;

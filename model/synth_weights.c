@@ -2,9 +2,9 @@
  *
  * Each element is a pure function of (seed, HF tensor name, flat HF element index): a counter-based
  * hash (the splitmix64 finalizer over a per-tensor key plus the index), never a sequential stream,
- * so any row can be produced on its own and the GGUF copy (permuted rows, other storage types) holds
- * exactly the values of the HF copy. The arithmetic is float-only and exact up to one rounding per
- * step, so the values do not depend on the compiler or libm. */
+ * so any row can be produced on its own and the GGUF copy (permuted rows, other storage types)
+ * holds exactly the values of the HF copy. The arithmetic is float-only and exact up to one
+ * rounding per step, so the values do not depend on the compiler or libm. */
 #include <math.h>
 #include <string.h>
 
@@ -42,10 +42,18 @@ void pp__synth_values(uint64_t seed, const struct pp__synth_tensor *t, int64_t f
         /* one multiply, or a divide then an add: nothing a compiler may fuse into an FMA, so
          * the values do not depend on -ffp-contract */
         switch (t->kind) {
-        case PP__SYNTH_EMBED: out[i] = x; break;
-        case PP__SYNTH_LINEAR: out[i] = x * scale; break;
-        case PP__SYNTH_NORM: out[i] = 1.0f + x / 5.0f; break;
-        case PP__SYNTH_BIAS: out[i] = x / 10.0f; break;
+        case PP__SYNTH_EMBED:
+            out[i] = x;
+            break;
+        case PP__SYNTH_LINEAR:
+            out[i] = x * scale;
+            break;
+        case PP__SYNTH_NORM:
+            out[i] = 1.0f + x / 5.0f;
+            break;
+        case PP__SYNTH_BIAS:
+            out[i] = x / 10.0f;
+            break;
         }
     }
 }
@@ -80,7 +88,9 @@ static void canonical(const float *raw, int64_t n, enum pp_dtype model_dtype, in
         }
         memcpy(dst, raw, (size_t)n * sizeof(float));
         break;
-    default: memcpy(dst, raw, (size_t)n * sizeof(float)); break;
+    default:
+        memcpy(dst, raw, (size_t)n * sizeof(float));
+        break;
     }
 }
 
@@ -89,7 +99,9 @@ void pp__synth_encode(const float *raw, int64_t n, enum pp_dtype model_dtype, in
 {
     uint16_t *h = dst;
     switch (store) {
-    case PP_DTYPE_Q8_0: pp_quantize_q8_0(dst, raw, n); break;
+    case PP_DTYPE_Q8_0:
+        pp_quantize_q8_0(dst, raw, n);
+        break;
     case PP_DTYPE_F16:
         for (int64_t i = 0; i < n; i++)
             h[i] = pp_f32_to_f16(raw[i]);
@@ -98,7 +110,9 @@ void pp__synth_encode(const float *raw, int64_t n, enum pp_dtype model_dtype, in
         for (int64_t i = 0; i < n; i++)
             h[i] = pp_f32_to_bf16(raw[i]);
         break;
-    default: canonical(raw, n, model_dtype, matrix, dst, scratch); break;
+    default:
+        canonical(raw, n, model_dtype, matrix, dst, scratch);
+        break;
     }
 }
 

@@ -183,3 +183,16 @@ def test_synth_rejects_bad_shapes(tmp_path):
     assert "heads" in p.stderr
     p = run_fail(["synth", "--out", str(tmp_path / "x"), "--shape", "nope"])
     assert "tinyllama" in p.stderr
+
+
+def test_formats_tokenize_and_decode_alike(model):
+    """The GGUF tokenizer metadata and tokenizer.json of one synthetic model give the same prompt ids
+    and the same text."""
+    outs = []
+    for path in (model / "model.gguf", model / "hf"):
+        p = run([PPSERVE, "run", "--model", str(path), "--prompt", "Once upon a time, the cat",
+                 "--max-tokens", "12", "--json", "--ignore-eos"])
+        outs.append(json.loads(p.stdout))
+    assert outs[0]["prompt_ids"] == outs[1]["prompt_ids"]
+    assert outs[0]["ids"] == outs[1]["ids"]
+    assert outs[0]["text"] == outs[1]["text"]

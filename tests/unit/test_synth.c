@@ -5,11 +5,12 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <setjmp.h>
 #include <stdint.h>
-#include <cmocka.h>
+
+#include <cmocka.h> /* after the four headers it relies on */
 
 #include <dirent.h>
 #include <ftw.h>
@@ -236,8 +237,9 @@ static int st_find(const char *buf, size_t len, const char *name, struct st_tens
     const char *s = strstr(p, "\"shape\":[") + 9;
     t->n_dims = sscanf(s, "%" SCNd64 ",%" SCNd64, &t->shape[0], &t->shape[1]);
     uint64_t b, e;
-    assert_int_equal(sscanf(strstr(p, "\"data_offsets\":["), "\"data_offsets\":[%" SCNu64
-                            ",%" SCNu64 "]", &b, &e), 2);
+    assert_int_equal(sscanf(strstr(p, "\"data_offsets\":["),
+                            "\"data_offsets\":[%" SCNu64 ",%" SCNu64 "]", &b, &e),
+                     2);
     t->data = (const uint8_t *)buf + 8 + hlen + b;
     t->nbytes = e - b;
     assert_true(8 + hlen + e <= len);
@@ -280,9 +282,15 @@ static float gg_value(const uint8_t *row, uint32_t type, int64_t i)
     float out[32];
     uint16_t h;
     switch (type) {
-    case 0: memcpy(out, row + 4 * i, 4); return out[0];
-    case 1: memcpy(&h, row + 2 * i, 2); return pp_f16_to_f32(h);
-    case 30: memcpy(&h, row + 2 * i, 2); return pp_bf16_to_f32(h);
+    case 0:
+        memcpy(out, row + 4 * i, 4);
+        return out[0];
+    case 1:
+        memcpy(&h, row + 2 * i, 2);
+        return pp_f16_to_f32(h);
+    case 30:
+        memcpy(&h, row + 2 * i, 2);
+        return pp_bf16_to_f32(h);
     default:
         pp_row_to_f32(out, row + i / 32 * 34, PP_DTYPE_Q8_0, 32);
         return out[i % 32];
@@ -314,7 +322,8 @@ static void check_same(const struct gg_file *g, const char *st_buf, size_t st_le
     struct st_tensor ht;
     assert_non_null(gt);
     assert_true(st_find(st_buf, st_len, hname, &ht));
-    int64_t rows = ht.n_dims == 2 ? ht.shape[0] : 1, cols = ht.n_dims == 2 ? ht.shape[1] : ht.shape[0];
+    int64_t rows = ht.n_dims == 2 ? ht.shape[0] : 1,
+            cols = ht.n_dims == 2 ? ht.shape[1] : ht.shape[0];
     assert_int_equal(gt->n_dims, (uint32_t)ht.n_dims);
     assert_int_equal(gt->dims[0], (uint64_t)cols); /* GGUF dims are the numpy shape reversed */
     if (ht.n_dims == 2)
@@ -326,8 +335,8 @@ static void check_same(const struct gg_file *g, const char *st_buf, size_t st_le
             int64_t hc = heads > 0 && ht.n_dims == 1 ? hf_row(c, cols / heads) : c;
             float a = gg_value(grow, gt->type, c), b = st_value(&ht, hr * cols + hc);
             if (memcmp(&a, &b, 4) != 0)
-                fail_msg("%s[%lld][%lld]: gguf %.9g, hf %.9g", gname, (long long)r,
-                         (long long)c, (double)a, (double)b);
+                fail_msg("%s[%lld][%lld]: gguf %.9g, hf %.9g", gname, (long long)r, (long long)c,
+                         (double)a, (double)b);
         }
     }
 }
@@ -362,35 +371,84 @@ static void test_shapes(void **state)
 }
 
 struct bad_case {
-    const char *field;   /* expected in the message */
+    const char *field; /* expected in the message */
     void (*mutate)(struct pp_synth_spec *s);
 };
 
-static void m_heads(struct pp_synth_spec *s) { s->n_heads = 3; s->n_kv_heads = 1; }
-static void m_kv(struct pp_synth_spec *s) { s->n_kv_heads = 3; }
-static void m_odd_hd(struct pp_synth_spec *s) { s->head_dim = 15; }
-static void m_q8_dim(struct pp_synth_spec *s) { s->dtype = PP_DTYPE_Q8_0; s->dim = 48; }
-static void m_q8_ffn(struct pp_synth_spec *s) { s->dtype = PP_DTYPE_Q8_0; s->ffn_dim = 100; }
-static void m_q8_o(struct pp_synth_spec *s) { s->dtype = PP_DTYPE_Q8_0; s->head_dim = 12; }
-static void m_vocab(struct pp_synth_spec *s) { s->vocab_size = 299; }
-static void m_arch(struct pp_synth_spec *s) { strcpy(s->arch, "gpt2"); }
-static void m_sw(struct pp_synth_spec *s) { s->sliding_window = 128; }
-static void m_shards0(struct pp_synth_spec *s) { s->shards = 0; }
-static void m_shards_many(struct pp_synth_spec *s) { s->shards = 22; }
-static void m_dim0(struct pp_synth_spec *s) { s->dim = 0; }
-static void m_ctx(struct pp_synth_spec *s) { s->max_context = -1; }
-static void m_eps(struct pp_synth_spec *s) { s->norm_eps = -1.0f; }
-static void m_dtype(struct pp_synth_spec *s) { s->dtype = (enum pp_dtype)9; }
+static void m_heads(struct pp_synth_spec *s)
+{
+    s->n_heads = 3;
+    s->n_kv_heads = 1;
+}
+static void m_kv(struct pp_synth_spec *s)
+{
+    s->n_kv_heads = 3;
+}
+static void m_odd_hd(struct pp_synth_spec *s)
+{
+    s->head_dim = 15;
+}
+static void m_q8_dim(struct pp_synth_spec *s)
+{
+    s->dtype = PP_DTYPE_Q8_0;
+    s->dim = 48;
+}
+static void m_q8_ffn(struct pp_synth_spec *s)
+{
+    s->dtype = PP_DTYPE_Q8_0;
+    s->ffn_dim = 100;
+}
+static void m_q8_o(struct pp_synth_spec *s)
+{
+    s->dtype = PP_DTYPE_Q8_0;
+    s->head_dim = 12;
+}
+static void m_vocab(struct pp_synth_spec *s)
+{
+    s->vocab_size = 299;
+}
+static void m_arch(struct pp_synth_spec *s)
+{
+    strcpy(s->arch, "gpt2");
+}
+static void m_sw(struct pp_synth_spec *s)
+{
+    s->sliding_window = 128;
+}
+static void m_shards0(struct pp_synth_spec *s)
+{
+    s->shards = 0;
+}
+static void m_shards_many(struct pp_synth_spec *s)
+{
+    s->shards = 22;
+}
+static void m_dim0(struct pp_synth_spec *s)
+{
+    s->dim = 0;
+}
+static void m_ctx(struct pp_synth_spec *s)
+{
+    s->max_context = -1;
+}
+static void m_eps(struct pp_synth_spec *s)
+{
+    s->norm_eps = -1.0f;
+}
+static void m_dtype(struct pp_synth_spec *s)
+{
+    s->dtype = (enum pp_dtype)9;
+}
 
 static void test_validate_errors(void **state)
 {
     (void)state;
     static const struct bad_case cases[] = {
-        {"n_heads", m_heads},       {"n_kv_heads", m_kv},     {"head_dim", m_odd_hd},
-        {"dim", m_q8_dim},          {"ffn_dim", m_q8_ffn},    {"n_heads * head_dim", m_q8_o},
-        {"vocab_size", m_vocab},    {"arch", m_arch},         {"sliding_window", m_sw},
-        {"shards", m_shards0},      {"shards", m_shards_many}, {"dim", m_dim0},
-        {"max_context", m_ctx},     {"norm_eps", m_eps},      {"dtype", m_dtype},
+        {"n_heads", m_heads},    {"n_kv_heads", m_kv},      {"head_dim", m_odd_hd},
+        {"dim", m_q8_dim},       {"ffn_dim", m_q8_ffn},     {"n_heads * head_dim", m_q8_o},
+        {"vocab_size", m_vocab}, {"arch", m_arch},          {"sliding_window", m_sw},
+        {"shards", m_shards0},   {"shards", m_shards_many}, {"dim", m_dim0},
+        {"max_context", m_ctx},  {"norm_eps", m_eps},       {"dtype", m_dtype},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct pp_synth_spec s;
@@ -736,8 +794,8 @@ static void test_alloc_failures(void **state)
         int64_t nth;
         for (nth = 1; nth < 100000; nth++) {
             pp_alloc_fail_at(nth);
-            pp_status st = which ? pp_synth_write_hf(&s, fx->hf)
-                                 : pp_synth_write_gguf(&s, fx->gguf);
+            pp_status st =
+                which ? pp_synth_write_hf(&s, fx->hf) : pp_synth_write_gguf(&s, fx->gguf);
             pp_alloc_fail_at(0);
             assert_int_equal(pp_mem_live(PP_MEM_MISC), base);
             if (st == PP_OK)

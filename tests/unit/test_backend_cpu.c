@@ -1,0 +1,774 @@
+/* Unit tests of the CPU backend (kernels/backend.h, pp_backend_cpu_new), the reference every other
+ * backend is compared with. Each op is checked against a plain double-precision version written
+ * here, on random shapes that include sizes not a multiple of the 8-lane dot product; then the
+ * determinism contract is checked bit for bit: the same output whatever the thread count (1..4) and
+ * whichever other rows share the batch. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "kernels/backend.h"
+
+#define N_BE 4 /* backends with 1, 2, 3 and 4 threads */
+#define MAX_COLS 512
+#define MAX_CONTEXT 128
+
+/* --- helpers ------------------------------------------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [lo, hi). */
+static float rng_float(uint64_t *s, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((rng_next(s) >> 40) * (1.0 / 16777216.0));
+}
+
+/* Uniform integer in [lo, hi]. */
+static int64_t rng_int(uint64_t *s, int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)(rng_next(s) % (uint64_t)(hi - lo + 1));
+}
+
+static float *rand_floats(uint64_t *s, int64_t n, float lo, float hi)
+{
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = rng_float(s, lo, hi);
+    return v;
+}
+
+static void backends_new(struct pp_backend *be[N_BE])
+{
+    for (int i = 0; i < N_BE; i++) {
+        assert_int_equal(pp_backend_cpu_new(i + 1, &be[i]), PP_OK);
+        assert_int_equal(be[i]->n_threads, i + 1);
+        assert_string_equal(be[i]->name, "cpu");
+        assert_int_equal(be[i]->ops->reserve(be[i], MAX_COLS, MAX_CONTEXT), PP_OK);
+    }
+}
+
+static void backends_free(struct pp_backend *be[N_BE])
+{
+    for (int i = 0; i < N_BE; i++)
+        be[i]->ops->free(be[i]);
+}
+
+/* A random [rows, cols] weight stored as dtype, and its exact f32 values (deq[rows*cols]), which
+ * the reference uses: the backend promises the product with the dequantized weights. */
+struct test_weight {
+    struct pp_weight w;
+    void *data;
+    float *deq;
+};
+
+static void weight_make(struct test_weight *tw, enum pp_dtype dt, int64_t rows, int64_t cols,
+                        uint64_t *seed)
+{
+    float *src = rand_floats(seed, rows * cols, -1.0f, 1.0f);
+    int64_t rb = pp_dtype_row_bytes(dt, cols);
+    assert_true(rb >= 0);
+    tw->data = malloc((size_t)(rows * rb));
+    tw->deq = malloc((size_t)(rows * cols) * sizeof(float));
+    assert_non_null(tw->data);
+    assert_non_null(tw->deq);
+    for (int64_t i = 0; i < rows * cols; i++) {
+        if (dt == PP_DTYPE_F32)
+            ((float *)tw->data)[i] = src[i];
+        else if (dt == PP_DTYPE_F16)
+            ((uint16_t *)tw->data)[i] = pp_f32_to_f16(src[i]);
+        else if (dt == PP_DTYPE_BF16)
+            ((uint16_t *)tw->data)[i] = pp_f32_to_bf16(src[i]);
+    }
+    if (dt == PP_DTYPE_Q8_0)
+        for (int64_t r = 0; r < rows; r++)
+            pp_quantize_q8_0((char *)tw->data + r * rb, src + r * cols, cols);
+    for (int64_t r = 0; r < rows; r++)
+        pp_row_to_f32(tw->deq + r * cols, (const char *)tw->data + r * rb, dt, cols);
+    tw->w = (struct pp_weight){tw->data, dt, rows, cols};
+    free(src);
+}
+
+static void weight_free(struct test_weight *tw)
+{
+    free(tw->data);
+    free(tw->deq);
+}
+
+/* --- matmul --------------------------------------------------------------------------------------- */
+
+/* y = x·wᵀ in double; also the sum of |x·w| terms, the scale of the float rounding error. */
+static void matmul_ref(double *y, double *mag, const float *x, const float *w, int64_t n,
+                       int64_t rows, int64_t cols)
+{
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double s = 0.0, m = 0.0;
+            for (int64_t k = 0; k < cols; k++) {
+                double p = (double)x[t * cols + k] * (double)w[r * cols + k];
+                s += p;
+                m += fabs(p);
+            }
+            y[t * rows + r] = s;
+            mag[t * rows + r] = m;
+        }
+}
+
+/* One shape on every backend: close to the reference, and the same bits on all thread counts. */
+static void check_matmul(struct pp_backend *be[N_BE], enum pp_dtype dt, int64_t rows, int64_t cols,
+                         int64_t n, uint64_t *seed)
+{
+    struct test_weight tw;
+    weight_make(&tw, dt, rows, cols, seed);
+    float *x = rand_floats(seed, n * cols, -1.0f, 1.0f);
+    double *ref = malloc((size_t)(n * rows) * sizeof(double));
+    double *mag = malloc((size_t)(n * rows) * sizeof(double));
+    float *y[N_BE];
+    matmul_ref(ref, mag, x, tw.deq, n, rows, cols);
+    for (int b = 0; b < N_BE; b++) {
+        y[b] = malloc((size_t)(n * rows) * sizeof(float));
+        be[b]->ops->matmul(be[b], y[b], x, &tw.w, n);
+    }
+    for (int64_t i = 0; i < n * rows; i++)
+        if (fabs(y[0][i] - ref[i]) > 1e-5 * mag[i] + 1e-30)
+            fail_msg("matmul %s [%lld,%lld] n=%lld: y[%lld]=%.9g, reference %.9g",
+                     pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n,
+                     (long long)i, (double)y[0][i], ref[i]);
+    for (int b = 1; b < N_BE; b++)
+        if (memcmp(y[0], y[b], (size_t)(n * rows) * sizeof(float)) != 0)
+            fail_msg("matmul %s [%lld,%lld] n=%lld: %d threads differ from 1 thread",
+                     pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, b + 1);
+    for (int b = 0; b < N_BE; b++)
+        free(y[b]);
+    free(x);
+    free(ref);
+    free(mag);
+    weight_free(&tw);
+}
+
+static void matmul_dtype(enum pp_dtype dt, uint64_t seed)
+{
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    int64_t step = dt == PP_DTYPE_Q8_0 ? PP_Q8_0_BLOCK : 1;
+    /* edge shapes first: one column, one row, a tail shorter than 8, more tokens than a tile (32),
+     * more rows than 4 threads × the row grain (16) */
+    const int64_t fixed[][3] = {{1, 1, 1}, {1, 7, 1}, {3, 8, 2}, {5, 9, 3}, {70, 33, 1},
+                                {17, 100, 33}, {65, 67, 40}, {2, MAX_COLS, 2}};
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+        int64_t cols = (fixed[i][1] + step - 1) / step * step;
+        if (cols > MAX_COLS)
+            cols = MAX_COLS;
+        check_matmul(be, dt, fixed[i][0], cols, fixed[i][2], &seed);
+    }
+    for (int i = 0; i < 20; i++) {
+        int64_t cols = rng_int(&seed, 1, 300 / step) * step;
+        check_matmul(be, dt, rng_int(&seed, 1, 80), cols, rng_int(&seed, 1, 40), &seed);
+    }
+    backends_free(be);
+}
+
+static void test_matmul_f32(void **state)
+{
+    (void)state;
+    matmul_dtype(PP_DTYPE_F32, 1);
+}
+
+static void test_matmul_f16(void **state)
+{
+    (void)state;
+    matmul_dtype(PP_DTYPE_F16, 2);
+}
+
+static void test_matmul_bf16(void **state)
+{
+    (void)state;
+    matmul_dtype(PP_DTYPE_BF16, 3);
+}
+
+static void test_matmul_q8_0(void **state)
+{
+    (void)state;
+    matmul_dtype(PP_DTYPE_Q8_0, 4);
+}
+
+/* A token's output row has the same bits alone as inside a batch of 5 or of 40 (which spans two
+ * token tiles), for every dtype: batching must never change what a request sees. */
+static void test_matmul_batch_invariant(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 11;
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    const int64_t batches[] = {5, 40};
+    for (int d = 0; d < 4; d++) {
+        int64_t rows = 37, cols = dts[d] == PP_DTYPE_Q8_0 ? 96 : 83;
+        struct test_weight tw;
+        weight_make(&tw, dts[d], rows, cols, &seed);
+        for (int bi = 0; bi < 2; bi++) {
+            int64_t n = batches[bi];
+            float *x = rand_floats(&seed, n * cols, -2.0f, 2.0f);
+            float *yb = malloc((size_t)(n * rows) * sizeof(float));
+            float one[37];
+            be[3]->ops->matmul(be[3], yb, x, &tw.w, n);
+            for (int64_t t = 0; t < n; t++) {
+                struct pp_backend *b1 = be[t % N_BE]; /* alone, on any thread count */
+                b1->ops->matmul(b1, one, x + t * cols, &tw.w, 1);
+                if (memcmp(one, yb + t * rows, sizeof(one)) != 0)
+                    fail_msg("matmul %s: token %lld alone differs from inside a batch of %lld",
+                             pp_dtype_name(dts[d]), (long long)t, (long long)n);
+            }
+            free(x);
+            free(yb);
+        }
+        weight_free(&tw);
+    }
+    backends_free(be);
+}
+
+/* --- element-wise ops ------------------------------------------------------------------------------ */
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 21;
+    for (int it = 0; it < 20; it++) {
+        int64_t n = rng_int(&seed, 1, 13), dim = rng_int(&seed, 1, 300);
+        float eps = it % 2 ? 1e-5f : 1e-6f;
+        float *x = rand_floats(&seed, n * dim, -3.0f, 3.0f);
+        float *g = rand_floats(&seed, dim, 0.5f, 1.5f);
+        float *y[N_BE];
+        for (int b = 0; b < N_BE; b++) {
+            y[b] = malloc((size_t)(n * dim) * sizeof(float));
+            be[b]->ops->rmsnorm(be[b], y[b], x, g, n, dim, eps);
+        }
+        for (int64_t r = 0; r < n; r++) {
+            double ss = 0.0;
+            for (int64_t i = 0; i < dim; i++)
+                ss += (double)x[r * dim + i] * x[r * dim + i];
+            double scale = 1.0 / sqrt(ss / (double)dim + (double)eps);
+            for (int64_t i = 0; i < dim; i++) {
+                double ref = (double)g[i] * x[r * dim + i] * scale;
+                if (fabs(y[0][r * dim + i] - ref) > 1e-5 * fabs(ref) + 1e-7)
+                    fail_msg("rmsnorm n=%lld dim=%lld: [%lld,%lld] %.9g vs %.9g", (long long)n,
+                             (long long)dim, (long long)r, (long long)i,
+                             (double)y[0][r * dim + i], ref);
+            }
+        }
+        for (int b = 1; b < N_BE; b++)
+            assert_memory_equal(y[0], y[b], (size_t)(n * dim) * sizeof(float));
+        /* y may alias x: in place gives the same bits */
+        be[1]->ops->rmsnorm(be[1], x, x, g, n, dim, eps);
+        assert_memory_equal(x, y[0], (size_t)(n * dim) * sizeof(float));
+        for (int b = 0; b < N_BE; b++)
+            free(y[b]);
+        free(x);
+        free(g);
+    }
+    backends_free(be);
+}
+
+/* The pair a rotation mixes: NEOX (i, i + d/2), INTERLEAVED (2i, 2i + 1). */
+static void rope_pair(enum pp_rope_layout layout, int32_t hd, int32_t i, int32_t *a, int32_t *b)
+{
+    *a = layout == PP_ROPE_NEOX ? i : 2 * i;
+    *b = layout == PP_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
+}
+
+static void test_rope_layouts(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 31;
+    const int32_t head_dims[] = {2, 6, 10, 18, 64};
+    for (int it = 0; it < 20; it++) {
+        enum pp_rope_layout layout = it % 2 ? PP_ROPE_INTERLEAVED : PP_ROPE_NEOX;
+        int32_t hd = head_dims[it % 5], n_heads = (int32_t)rng_int(&seed, 1, 5);
+        int64_t n = rng_int(&seed, 1, 9), width = (int64_t)n_heads * hd;
+        float *x0 = rand_floats(&seed, n * width, -2.0f, 2.0f);
+        float inv_freq[32];
+        for (int32_t i = 0; i < hd / 2; i++)
+            inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)hd);
+        int32_t pos[9];
+        for (int64_t t = 0; t < n; t++)
+            pos[t] = t == 0 ? 0 : (int32_t)rng_int(&seed, 1, 5000);
+        float *y[N_BE];
+        for (int b = 0; b < N_BE; b++) {
+            y[b] = malloc((size_t)(n * width) * sizeof(float));
+            memcpy(y[b], x0, (size_t)(n * width) * sizeof(float));
+            be[b]->ops->rope(be[b], y[b], pos, n, n_heads, hd, inv_freq, layout);
+        }
+        for (int64_t t = 0; t < n; t++)
+            for (int32_t h = 0; h < n_heads; h++)
+                for (int32_t i = 0; i < hd / 2; i++) {
+                    int32_t a, b;
+                    rope_pair(layout, hd, i, &a, &b);
+                    const float *xv = x0 + t * width + (int64_t)h * hd;
+                    const float *yv = y[0] + t * width + (int64_t)h * hd;
+                    double ang = (double)pos[t] * (double)inv_freq[i];
+                    double ra = xv[a] * cos(ang) - xv[b] * sin(ang);
+                    double rb = xv[b] * cos(ang) + xv[a] * sin(ang);
+                    double tol = 2e-6 * (fabs(xv[a]) + fabs(xv[b])) + 1e-7;
+                    if (fabs(yv[a] - ra) > tol || fabs(yv[b] - rb) > tol)
+                        fail_msg("rope layout %d hd=%d pos=%d pair %d: (%g,%g) vs (%g,%g)", layout,
+                                 hd, pos[t], i, (double)yv[a], (double)yv[b], ra, rb);
+                }
+        /* position 0 is the identity, bit for bit */
+        assert_memory_equal(y[0], x0, (size_t)width * sizeof(float));
+        for (int b = 1; b < N_BE; b++)
+            assert_memory_equal(y[0], y[b], (size_t)(n * width) * sizeof(float));
+        for (int b = 0; b < N_BE; b++)
+            free(y[b]);
+        free(x0);
+    }
+    backends_free(be);
+}
+
+/* The two layouts really are different rotations: feeding a NEOX-ordered head to the interleaved
+ * kernel (or back) gives a different answer, so a swapped layout in a loader cannot pass unseen. */
+static void test_rope_layouts_differ(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    float a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b[8];
+    memcpy(b, a, sizeof(a));
+    float inv_freq[4] = {1.0f, 0.1f, 0.01f, 0.001f};
+    int32_t pos = 3;
+    be[0]->ops->rope(be[0], a, &pos, 1, 1, 8, inv_freq, PP_ROPE_NEOX);
+    be[0]->ops->rope(be[0], b, &pos, 1, 1, 8, inv_freq, PP_ROPE_INTERLEAVED);
+    assert_true(memcmp(a, b, sizeof(a)) != 0);
+    /* NEOX pair 0 is (0, 4): element 1 moves by the second frequency */
+    float c1 = cosf(0.3f), s1 = sinf(0.3f);
+    assert_true(fabsf(a[1] - (2 * c1 - 6 * s1)) < 1e-5f);
+    /* INTERLEAVED pair 0 is (0, 1) */
+    float c0 = cosf(3.0f), s0 = sinf(3.0f);
+    assert_true(fabsf(b[1] - (2 * c0 + 1 * s0)) < 1e-5f);
+    backends_free(be);
+}
+
+static void test_swiglu_add_bias(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 41;
+    enum { N = 203 };
+    float *gate = rand_floats(&seed, N, -8.0f, 8.0f), *up = rand_floats(&seed, N, -2.0f, 2.0f);
+    /* saturated gates: silu(-100) underflows, silu(100) = 100 */
+    gate[0] = -100.0f;
+    gate[1] = 100.0f;
+    gate[2] = 0.0f;
+    gate[3] = -1000.0f;
+    float out[N];
+    be[2]->ops->swiglu(be[2], out, gate, up, N);
+    for (int i = 0; i < N; i++) {
+        double g = gate[i], ref = g / (1.0 + exp(-g)) * up[i];
+        if (!isfinite(out[i]) || fabs(out[i] - ref) > 2e-6 * fabs(ref) + 1e-30)
+            fail_msg("swiglu gate=%g up=%g: %.9g vs %.9g", g, (double)up[i], (double)out[i], ref);
+    }
+
+    /* add and add_bias: one rounding each, so they equal the double sum rounded to float */
+    float *y = rand_floats(&seed, N, -5.0f, 5.0f), *x = rand_floats(&seed, N, -5.0f, 5.0f);
+    float y0[N];
+    memcpy(y0, y, sizeof(y0));
+    be[1]->ops->add(be[1], y, x, N);
+    for (int i = 0; i < N; i++)
+        assert_true(y[i] == (float)((double)y0[i] + (double)x[i]));
+
+    const int64_t n = 7, cols = 29; /* 203 = 7 × 29 */
+    float *bias = rand_floats(&seed, cols, -1.0f, 1.0f);
+    memcpy(y0, y, sizeof(y0));
+    be[3]->ops->add_bias(be[3], y, bias, n, cols);
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < cols; i++)
+            assert_true(y[r * cols + i] == (float)((double)y0[r * cols + i] + (double)bias[i]));
+    free(gate);
+    free(up);
+    free(y);
+    free(x);
+    free(bias);
+    backends_free(be);
+}
+
+static void test_embed(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 51;
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    for (int d = 0; d < 4; d++) {
+        int64_t vocab = 53, cols = dts[d] == PP_DTYPE_Q8_0 ? 64 : 45;
+        struct test_weight tw;
+        weight_make(&tw, dts[d], vocab, cols, &seed);
+        const int32_t ids[] = {0, 52, 7, 7, 31, 0, 1};
+        const int64_t n = 7;
+        float *out = malloc((size_t)(n * cols) * sizeof(float));
+        be[0]->ops->embed(be[0], out, &tw.w, ids, n);
+        for (int64_t t = 0; t < n; t++)
+            if (memcmp(out + t * cols, tw.deq + ids[t] * cols, (size_t)cols * sizeof(float)) != 0)
+                fail_msg("embed %s: token %lld (id %d) is not row %d", pp_dtype_name(dts[d]),
+                         (long long)t, ids[t], ids[t]);
+        free(out);
+        weight_free(&tw);
+    }
+    backends_free(be);
+}
+
+/* --- KV store and attention over a paged cache ------------------------------------------------------ */
+
+#define KV_LAYERS 2
+#define KV_LAYER 1 /* the layer under test; layer 0 stays poisoned */
+#define KV_BLOCK 4
+#define KV_BLOCKS 64
+#define MAX_SEQS 4
+
+struct attn_case {
+    int32_t n_heads, n_kv_heads, head_dim, window;
+    int32_t n_seqs;
+    int32_t prefix[MAX_SEQS]; /* tokens already in the cache */
+    int32_t fresh[MAX_SEQS];  /* tokens of this batch */
+};
+
+/* A cache and a batch built by hand: sequences own scattered, non-contiguous blocks, and the whole
+ * pool starts as NaN so that a read of any slot nobody wrote poisons the output. */
+struct attn_setup {
+    struct attn_case c;
+    int32_t kv_dim, q_dim, n_rows;
+    float *pool;
+    struct pp_kv_view view;
+    int32_t tables[MAX_SEQS][MAX_CONTEXT / KV_BLOCK];
+    float *k[MAX_SEQS], *v[MAX_SEQS]; /* [prefix + fresh, kv_dim] every key/value of the sequence */
+    struct pp_attn_seq seqs[MAX_SEQS];
+    float *q; /* [n_rows, q_dim] */
+    struct pp_attn_shape shape;
+};
+
+static float *kv_slot(const struct attn_setup *s, int32_t seq, int32_t pos, int kv_sel)
+{
+    int64_t b = s->tables[seq][pos / KV_BLOCK];
+    return s->pool + ((b * KV_LAYERS + KV_LAYER) * 2 + kv_sel) * s->view.block_elems +
+           (int64_t)(pos % KV_BLOCK) * s->kv_dim;
+}
+
+static void attn_setup_init(struct attn_setup *s, const struct attn_case *c, struct pp_backend *be,
+                            uint64_t *seed)
+{
+    memset(s, 0, sizeof(*s));
+    s->c = *c;
+    s->kv_dim = c->n_kv_heads * c->head_dim;
+    s->q_dim = c->n_heads * c->head_dim;
+    s->view = (struct pp_kv_view){NULL, KV_LAYERS, KV_BLOCK, s->kv_dim,
+                                  (int64_t)KV_BLOCK * s->kv_dim};
+    int64_t pool_elems = (int64_t)KV_BLOCKS * KV_LAYERS * 2 * s->view.block_elems;
+    s->pool = malloc((size_t)pool_elems * sizeof(float));
+    assert_non_null(s->pool);
+    for (int64_t i = 0; i < pool_elems; i++)
+        s->pool[i] = NAN;
+    s->view.pool = s->pool;
+
+    /* hand the blocks out in a shuffled order */
+    int32_t perm[KV_BLOCKS];
+    for (int32_t i = 0; i < KV_BLOCKS; i++)
+        perm[i] = i;
+    for (int32_t i = KV_BLOCKS - 1; i > 0; i--) {
+        int32_t j = (int32_t)rng_int(seed, 0, i), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t next = 0, row = 0;
+    struct pp_attn_seq pre[MAX_SEQS];
+    float *kpre = NULL, *vpre = NULL, *knew = NULL, *vnew = NULL;
+    int32_t pre_rows = 0;
+    for (int32_t i = 0; i < c->n_seqs; i++) {
+        int32_t total = c->prefix[i] + c->fresh[i];
+        assert_true(total <= MAX_CONTEXT);
+        for (int32_t b = 0; b < (total + KV_BLOCK - 1) / KV_BLOCK; b++)
+            s->tables[i][b] = perm[next++];
+        assert_true(next <= KV_BLOCKS);
+        s->k[i] = rand_floats(seed, (int64_t)total * s->kv_dim, -1.0f, 1.0f);
+        s->v[i] = rand_floats(seed, (int64_t)total * s->kv_dim, -1.0f, 1.0f);
+        pre[i] = (struct pp_attn_seq){pre_rows, c->prefix[i], 0, s->tables[i]};
+        s->seqs[i] = (struct pp_attn_seq){row, c->fresh[i], c->prefix[i], s->tables[i]};
+        pre_rows += c->prefix[i];
+        row += c->fresh[i];
+    }
+    s->n_rows = row;
+
+    /* the prefix goes in as one batch, then this batch's keys, as the executor does */
+    size_t rb = (size_t)s->kv_dim * sizeof(float);
+    kpre = malloc(rb * (size_t)(pre_rows + 1));
+    vpre = malloc(rb * (size_t)(pre_rows + 1));
+    knew = malloc(rb * (size_t)(row + 1));
+    vnew = malloc(rb * (size_t)(row + 1));
+    for (int32_t i = 0; i < c->n_seqs; i++) {
+        memcpy(kpre + (size_t)pre[i].row * s->kv_dim, s->k[i], rb * (size_t)c->prefix[i]);
+        memcpy(vpre + (size_t)pre[i].row * s->kv_dim, s->v[i], rb * (size_t)c->prefix[i]);
+        memcpy(knew + (size_t)s->seqs[i].row * s->kv_dim, s->k[i] + (size_t)c->prefix[i] * s->kv_dim,
+               rb * (size_t)c->fresh[i]);
+        memcpy(vnew + (size_t)s->seqs[i].row * s->kv_dim, s->v[i] + (size_t)c->prefix[i] * s->kv_dim,
+               rb * (size_t)c->fresh[i]);
+    }
+    be->ops->kv_store(be, &s->view, KV_LAYER, pre, c->n_seqs, kpre, vpre);
+    be->ops->kv_store(be, &s->view, KV_LAYER, s->seqs, c->n_seqs, knew, vnew);
+    free(kpre);
+    free(vpre);
+    free(knew);
+    free(vnew);
+
+    s->q = rand_floats(seed, (int64_t)s->n_rows * s->q_dim, -1.0f, 1.0f);
+    s->shape = (struct pp_attn_shape){c->n_heads, c->n_kv_heads, c->head_dim, c->window,
+                                      1.0f / sqrtf((float)c->head_dim)};
+}
+
+static void attn_setup_free(struct attn_setup *s)
+{
+    for (int32_t i = 0; i < s->c.n_seqs; i++) {
+        free(s->k[i]);
+        free(s->v[i]);
+    }
+    free(s->q);
+    free(s->pool);
+}
+
+/* Every stored key and value sits where the view's formula says, and nothing else was written. */
+static void check_kv_placement(const struct attn_setup *s)
+{
+    int64_t written = 0;
+    for (int32_t i = 0; i < s->c.n_seqs; i++)
+        for (int32_t p = 0; p < s->c.prefix[i] + s->c.fresh[i]; p++) {
+            assert_memory_equal(kv_slot(s, i, p, 0), s->k[i] + (int64_t)p * s->kv_dim,
+                                (size_t)s->kv_dim * sizeof(float));
+            assert_memory_equal(kv_slot(s, i, p, 1), s->v[i] + (int64_t)p * s->kv_dim,
+                                (size_t)s->kv_dim * sizeof(float));
+            written += 2 * s->kv_dim;
+        }
+    int64_t finite = 0;
+    for (int64_t i = 0; i < (int64_t)KV_BLOCKS * KV_LAYERS * 2 * s->view.block_elems; i++)
+        finite += !isnan(s->pool[i]);
+    assert_int_equal(finite, written);
+}
+
+/* Causal (optionally windowed) attention of one query row, in double, from the plain K/V arrays. */
+static void attention_ref(const struct attn_setup *s, int32_t seq, int32_t t, double *out)
+{
+    const struct attn_case *c = &s->c;
+    int32_t p = c->prefix[seq] + t, hd = c->head_dim;
+    int32_t first = c->window > 0 && p - c->window + 1 > 0 ? p - c->window + 1 : 0;
+    const float *q = s->q + (int64_t)(s->seqs[seq].row + t) * s->q_dim;
+    double sc[MAX_CONTEXT];
+    for (int32_t h = 0; h < c->n_heads; h++) {
+        int32_t kvh = h / (c->n_heads / c->n_kv_heads);
+        double max = -INFINITY, sum = 0.0;
+        for (int32_t i = first; i <= p; i++) {
+            const float *k = s->k[seq] + (int64_t)i * s->kv_dim + (int64_t)kvh * hd;
+            double d = 0.0;
+            for (int32_t e = 0; e < hd; e++)
+                d += (double)q[h * hd + e] * k[e];
+            sc[i] = d / sqrt((double)hd);
+            if (sc[i] > max)
+                max = sc[i];
+        }
+        for (int32_t i = first; i <= p; i++) {
+            sc[i] = exp(sc[i] - max);
+            sum += sc[i];
+        }
+        for (int32_t e = 0; e < hd; e++) {
+            double o = 0.0;
+            for (int32_t i = first; i <= p; i++)
+                o += sc[i] * s->v[seq][(int64_t)i * s->kv_dim + (int64_t)kvh * hd + e];
+            out[h * hd + e] = o / sum;
+        }
+    }
+}
+
+static void check_attention_case(const struct attn_case *c, uint64_t seed)
+{
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    struct attn_setup s;
+    attn_setup_init(&s, c, be[0], &seed);
+    check_kv_placement(&s);
+
+    size_t out_bytes = (size_t)s.n_rows * (size_t)s.q_dim * sizeof(float);
+    float *out[N_BE];
+    for (int b = 0; b < N_BE; b++) {
+        out[b] = malloc(out_bytes);
+        be[b]->ops->attention(be[b], out[b], s.q, &s.view, KV_LAYER, s.seqs, c->n_seqs, &s.shape);
+    }
+    double ref[512];
+    assert_true(s.q_dim <= 512);
+    for (int32_t i = 0; i < c->n_seqs; i++)
+        for (int32_t t = 0; t < c->fresh[i]; t++) {
+            attention_ref(&s, i, t, ref);
+            const float *o = out[0] + (int64_t)(s.seqs[i].row + t) * s.q_dim;
+            for (int32_t e = 0; e < s.q_dim; e++)
+                if (!(fabs(o[e] - ref[e]) <= 1e-5))
+                    fail_msg("attention heads=%d/%d hd=%d window=%d: seq %d token %d elem %d: "
+                             "%.9g vs %.9g", c->n_heads, c->n_kv_heads, c->head_dim, c->window, i,
+                             t, e, (double)o[e], ref[e]);
+        }
+    /* the same bits on every thread count */
+    for (int b = 1; b < N_BE; b++)
+        if (memcmp(out[0], out[b], out_bytes) != 0)
+            fail_msg("attention: %d threads differ from 1 thread", b + 1);
+
+    /* each sequence computed alone, as the first rows of its own batch, gives the same bits as
+     * inside the mixed batch */
+    for (int32_t i = 0; i < c->n_seqs; i++) {
+        if (c->fresh[i] == 0)
+            continue;
+        struct pp_attn_seq alone = s.seqs[i];
+        alone.row = 0;
+        size_t bytes = (size_t)c->fresh[i] * (size_t)s.q_dim * sizeof(float);
+        float *q1 = malloc(bytes), *o1 = malloc(bytes);
+        memcpy(q1, s.q + (int64_t)s.seqs[i].row * s.q_dim, bytes);
+        struct pp_backend *b1 = be[i % N_BE];
+        b1->ops->attention(b1, o1, q1, &s.view, KV_LAYER, &alone, 1, &s.shape);
+        if (memcmp(o1, out[0] + (int64_t)s.seqs[i].row * s.q_dim, bytes) != 0)
+            fail_msg("attention: sequence %d alone differs from inside the batch", i);
+        free(q1);
+        free(o1);
+    }
+    for (int b = 0; b < N_BE; b++)
+        free(out[b]);
+    attn_setup_free(&s);
+    backends_free(be);
+}
+
+/* Prefill, decode and chunked prefill mixed in one batch, with multi-head attention. */
+static void test_attention_mixed_batch(void **state)
+{
+    (void)state;
+    const struct attn_case c = {4, 4, 12, 0, 4, {0, 9, 6, 21}, {5, 1, 3, 1}};
+    check_attention_case(&c, 61);
+}
+
+/* Grouped-query attention: 3 query heads share a KV head; and multi-query (one KV head). */
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    const struct attn_case gqa = {6, 2, 20, 0, 3, {13, 0, 30}, {1, 7, 2}};
+    check_attention_case(&gqa, 62);
+    const struct attn_case mqa = {4, 1, 8, 0, 2, {5, 17}, {3, 1}};
+    check_attention_case(&mqa, 63);
+}
+
+/* A sliding window: a query at p sees only keys at positions > p - window, including across a
+ * batch whose own tokens start inside and outside the window. */
+static void test_attention_sliding_window(void **state)
+{
+    (void)state;
+    const struct attn_case w3 = {4, 2, 10, 3, 3, {0, 12, 2}, {6, 1, 4}};
+    check_attention_case(&w3, 64);
+    const struct attn_case w5 = {2, 1, 16, 5, 2, {25, 0}, {2, 9}};
+    check_attention_case(&w5, 65);
+}
+
+/* A window wider than the context changes nothing, bit for bit. */
+static void test_attention_wide_window_is_full(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 66;
+    const struct attn_case c = {4, 2, 12, 100, 2, {7, 3}, {2, 4}};
+    struct attn_setup s;
+    attn_setup_init(&s, &c, be[0], &seed);
+    size_t bytes = (size_t)s.n_rows * (size_t)s.q_dim * sizeof(float);
+    float *a = malloc(bytes), *b = malloc(bytes);
+    be[1]->ops->attention(be[1], a, s.q, &s.view, KV_LAYER, s.seqs, c.n_seqs, &s.shape);
+    s.shape.sliding_window = 0;
+    be[1]->ops->attention(be[1], b, s.q, &s.view, KV_LAYER, s.seqs, c.n_seqs, &s.shape);
+    assert_memory_equal(a, b, bytes);
+    free(a);
+    free(b);
+    attn_setup_free(&s);
+    backends_free(be);
+}
+
+/* --- construction --------------------------------------------------------------------------------- */
+
+static void test_new_and_reserve_errors(void **state)
+{
+    (void)state;
+    struct pp_backend *be = NULL;
+    assert_int_equal(pp_backend_cpu_new(0, &be), PP_ERR_INVALID_ARG);
+
+    int64_t misc = pp_mem_live(PP_MEM_MISC), act = pp_mem_live(PP_MEM_ACTIVATIONS);
+    /* each allocation of the constructor may fail, leaking nothing */
+    int nth;
+    for (nth = 1; nth < 50; nth++) {
+        pp_alloc_fail_at(nth);
+        pp_status st = pp_backend_cpu_new(3, &be);
+        pp_alloc_fail_at(0);
+        if (st == PP_OK)
+            break;
+        assert_int_equal(st, PP_ERR_NOMEM);
+        assert_int_equal(pp_mem_live(PP_MEM_MISC), misc);
+    }
+    assert_true(nth > 1 && nth < 50);
+
+    /* reserve reports a failed scratch allocation with its sizes */
+    pp_alloc_fail_at(1);
+    pp_error_clear();
+    assert_int_equal(be->ops->reserve(be, 4096, 1024), PP_ERR_NOMEM);
+    assert_non_null(strstr(pp_error_detail(), "scratch"));
+    pp_alloc_fail_at(0);
+    /* then succeeds, and growing it later keeps the ops working */
+    assert_int_equal(be->ops->reserve(be, 16, 16), PP_OK);
+    assert_int_equal(be->ops->reserve(be, 64, 16), PP_OK);
+    float w[64 * 2], x[64], y[2];
+    for (int i = 0; i < 128; i++)
+        w[i] = (float)(i % 5) - 2.0f;
+    for (int i = 0; i < 64; i++)
+        x[i] = 1.0f;
+    struct pp_weight pw = {w, PP_DTYPE_F32, 2, 64};
+    be->ops->matmul(be, y, x, &pw, 1);
+    double r0 = 0, r1 = 0;
+    for (int i = 0; i < 64; i++) {
+        r0 += w[i];
+        r1 += w[64 + i];
+    }
+    assert_true(y[0] == (float)r0 && y[1] == (float)r1); /* small integers: exact */
+    be->ops->free(be);
+    assert_int_equal(pp_mem_live(PP_MEM_MISC), misc);
+    assert_int_equal(pp_mem_live(PP_MEM_ACTIVATIONS), act);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_f32),
+        cmocka_unit_test(test_matmul_f16),
+        cmocka_unit_test(test_matmul_bf16),
+        cmocka_unit_test(test_matmul_q8_0),
+        cmocka_unit_test(test_matmul_batch_invariant),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope_layouts),
+        cmocka_unit_test(test_rope_layouts_differ),
+        cmocka_unit_test(test_swiglu_add_bias),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_attention_mixed_batch),
+        cmocka_unit_test(test_attention_gqa),
+        cmocka_unit_test(test_attention_sliding_window),
+        cmocka_unit_test(test_attention_wide_window_is_full),
+        cmocka_unit_test(test_new_and_reserve_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
