@@ -72,6 +72,7 @@ pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out)
         return st;
     }
     c->n_threads = n_threads;
+    c->simd = pp_simd_get();
     be->n_threads = n_threads;
     *out = be;
     return PP_OK;

@@ -3,6 +3,7 @@
 #define PP_CPU_IMPL_H
 
 #include "kernels/backend.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/threadpool.h"
 
 enum pp_cpu_scratch_slot {
@@ -13,6 +14,7 @@ enum pp_cpu_scratch_slot {
 
 struct pp_cpu {
     struct pp_threadpool *pool;
+    const struct pp_simd *simd; /* inner loops for this CPU */
     int n_threads;
     float *scratch[PP_CPU_SCRATCH_COUNT]; /* [n_threads, cap[slot]] */
     int64_t cap[PP_CPU_SCRATCH_COUNT];

@@ -23,18 +23,24 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread)
     const struct pp_weight *w = j->w;
     float *row = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_ROW, thread);
     const char *base = w->data;
+    const struct pp_simd *simd = j->cpu->simd;
     for (int64_t t0 = 0; t0 < j->n; t0 += TOKEN_TILE) {
         int64_t t1 = t0 + TOKEN_TILE < j->n ? t0 + TOKEN_TILE : j->n;
         for (int64_t r = r0; r < r1; r++) {
-            const float *wr;
-            if (w->dtype == PP_DTYPE_F32) {
-                wr = (const float *)(base + r * j->row_bytes);
-            } else {
-                pp_row_to_f32(row, base + r * j->row_bytes, w->dtype, w->cols);
-                wr = row;
-            }
+            const float *wr = row;
+            const void *src = base + r * j->row_bytes;
+            if (w->dtype == PP_DTYPE_F32)
+                wr = src;
+            else if (w->dtype == PP_DTYPE_F16)
+                simd->f16_to_f32(row, src, w->cols);
+            else if (w->dtype == PP_DTYPE_BF16)
+                simd->bf16_to_f32(row, src, w->cols);
+            else
+                pp_row_to_f32(row, src, w->dtype, w->cols);
+            float out[TOKEN_TILE];
+            simd->dot_rows(out, wr, j->x + t0 * w->cols, w->cols, w->cols, t1 - t0);
             for (int64_t t = t0; t < t1; t++)
-                j->y[t * w->rows + r] = pp__dot(wr, j->x + t * w->cols, w->cols);
+                j->y[t * w->rows + r] = out[t - t0];
         }
     }
 }

@@ -196,3 +196,14 @@ def test_formats_tokenize_and_decode_alike(model):
     assert outs[0]["prompt_ids"] == outs[1]["prompt_ids"]
     assert outs[0]["ids"] == outs[1]["ids"]
     assert outs[0]["text"] == outs[1]["text"]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
+def test_portable_and_vector_paths_agree(models, tmp_path, monkeypatch, dtype):
+    """The run-time-selected AVX2 loops and the portable C loops give the same bits."""
+    root = models.get(f"simd_{dtype}", *SMALL, "--dtype", dtype, "--seed", "41")
+    fast, fast_logits = ppserve_run(root / "model.gguf", PROMPT, 5, tmp_path, tag="fast")
+    monkeypatch.setenv("PP_SIMD", "portable")
+    port, port_logits = ppserve_run(root / "model.gguf", PROMPT, 5, tmp_path, tag="port")
+    assert fast["ids"] == port["ids"]
+    assert fast_logits.tobytes() == port_logits.tobytes()
