@@ -106,7 +106,7 @@ void pp_json_string(struct pp_json *j, const char *s, size_t n)
             size_t k = pp_utf8_char_len(u + i, n - i);
             if (k == 0) {
                 put(j, "\xef\xbf\xbd", 3);
-                i++;
+                i += pp_utf8_invalid_len(u + i, n - i);
             } else {
                 put(j, s + i, k);
                 i += k;

@@ -66,3 +66,11 @@ int pp_utf8_is_prefix(const unsigned char *s, size_t avail)
     size_t n, k = matched(s, avail, &n);
     return n > avail && k == avail;
 }
+
+size_t pp_utf8_invalid_len(const unsigned char *s, size_t avail)
+{
+    if (avail == 0)
+        return 0;
+    size_t n, k = matched(s, avail, &n);
+    return k > 0 ? k : 1;
+}

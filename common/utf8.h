@@ -12,4 +12,8 @@ size_t pp_utf8_char_len(const unsigned char *s, size_t avail);
 /* 1 when s[0..avail) is a proper prefix of some valid character: more bytes may complete it. */
 int pp_utf8_is_prefix(const unsigned char *s, size_t avail);
 
+/* Bytes to replace with one U+FFFD at an invalid position: the maximal subpart (the longest prefix
+ * of a valid character present there), at least 1; Unicode's recommended practice. */
+size_t pp_utf8_invalid_len(const unsigned char *s, size_t avail);
+
 #endif

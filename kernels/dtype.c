@@ -36,7 +36,8 @@ float pp_f16_to_f32(uint16_t h)
     uint32_t man = h & 0x3ff;
     uint32_t u;
     if (exp == 0x1f) {
-        u = sign | 0x7f800000u | (man << 13);
+        /* NaNs come out quiet, as the F16C instruction makes them */
+        u = sign | 0x7f800000u | (man << 13) | (man ? 0x00400000u : 0);
     } else if (exp != 0) {
         u = sign | ((exp + 112) << 23) | (man << 13);
     } else if (man == 0) {

@@ -266,7 +266,14 @@ pp_status pp_gguf_open(const char *path, struct pp_gguf **out)
     struct pp_gguf *g = pp_calloc(PP_MEM_MISC, 1, sizeof(*g));
     if (!g)
         return PP_ERR_NOMEM;
-    g->path = path;
+    size_t plen = strlen(path) + 1;
+    char *own = pp_alloc(PP_MEM_MISC, plen);
+    if (!own) {
+        pp_free(PP_MEM_MISC, g);
+        return PP_ERR_NOMEM;
+    }
+    memcpy(own, path, plen);
+    g->path = own;
     pp_status st = pp_mapped_file_open(path, &g->file);
     if (st == PP_OK)
         st = parse(g);
@@ -285,6 +292,7 @@ void pp_gguf_free(struct pp_gguf *g)
     pp_mapped_file_close(&g->file);
     pp_free(PP_MEM_MISC, g->kv);
     pp_free(PP_MEM_MISC, g->tensors);
+    pp_free(PP_MEM_MISC, (char *)g->path);
     pp_free(PP_MEM_MISC, g);
 }
 

@@ -42,7 +42,7 @@ struct pp_gguf {
     int64_t n_tensors;
     struct pp_gguf_tensor_info *tensors;
     uint64_t alignment;
-    const char *path;
+    const char *path; /* owned copy */
 };
 
 /* Opens and validates path. *out is freed with pp_gguf_free. */

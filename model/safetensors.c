@@ -61,9 +61,10 @@ static pp_status parse_entry(struct pp_safetensors *s, const char *name, json_t 
             return pp_error(PP_ERR_FORMAT, "%s: tensor %s: shape[%zu] is not a valid size",
                             s->path, name, i);
         e->t.shape[i] = json_integer_value(d);
-        elems *= (uint64_t)e->t.shape[i];
-        if (elems > ((uint64_t)1 << 50))
+        /* checked before multiplying, so the count cannot wrap */
+        if (e->t.shape[i] != 0 && elems > ((uint64_t)1 << 50) / (uint64_t)e->t.shape[i])
             return pp_error(PP_ERR_FORMAT, "%s: tensor %s is too large", s->path, name);
+        elems *= (uint64_t)e->t.shape[i];
     }
     json_t *b = json_array_get(offs, 0), *en = json_array_get(offs, 1);
     if (!json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 ||

@@ -119,7 +119,7 @@ size_t pp_textstream_take(struct pp_textstream *ts, int final, const char **out)
         } else {
             memcpy(ts->text + ts->text_len, "\xef\xbf\xbd", 3);
             ts->text_len += 3;
-            i += 1;
+            i += pp_utf8_invalid_len(r + i, end - i);
         }
     }
     ts->raw_done = i;

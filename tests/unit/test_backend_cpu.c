@@ -237,6 +237,45 @@ static void test_matmul_batch_invariant(void **state)
     backends_free(be);
 }
 
+/* The vector inner loops chosen for this CPU give the portable loops' bits (PP_SIMD=portable
+ * forces the latter when a backend is created), on ragged shapes and batches that are not a multiple
+ * of the 4-token vector step, so a result never depends on which machine computed it. */
+static void test_matmul_simd_matches_portable(void **state)
+{
+    (void)state;
+    struct pp_backend *fast, *port;
+    assert_int_equal(pp_backend_cpu_new(2, &fast), PP_OK);
+    setenv("PP_SIMD", "portable", 1);
+    assert_int_equal(pp_backend_cpu_new(2, &port), PP_OK);
+    unsetenv("PP_SIMD");
+    assert_int_equal(fast->ops->reserve(fast, MAX_COLS, MAX_CONTEXT), PP_OK);
+    assert_int_equal(port->ops->reserve(port, MAX_COLS, MAX_CONTEXT), PP_OK);
+    uint64_t seed = 12;
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    for (int it = 0; it < 24; it++) {
+        enum pp_dtype dt = dts[it % 4];
+        int64_t step = dt == PP_DTYPE_Q8_0 ? PP_Q8_0_BLOCK : 1;
+        int64_t rows = rng_int(&seed, 1, 40), cols = rng_int(&seed, 1, 200 / step) * step;
+        int64_t n = rng_int(&seed, 1, 37);
+        struct test_weight tw;
+        weight_make(&tw, dt, rows, cols, &seed);
+        float *x = rand_floats(&seed, n * cols, -3.0f, 3.0f);
+        size_t bytes = (size_t)(n * rows) * sizeof(float);
+        float *a = malloc(bytes), *b = malloc(bytes);
+        fast->ops->matmul(fast, a, x, &tw.w, n);
+        port->ops->matmul(port, b, x, &tw.w, n);
+        if (memcmp(a, b, bytes) != 0)
+            fail_msg("matmul %s [%lld,%lld] n=%lld: vector and portable loops differ",
+                     pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n);
+        free(a);
+        free(b);
+        free(x);
+        weight_free(&tw);
+    }
+    fast->ops->free(fast);
+    port->ops->free(port);
+}
+
 /* --- element-wise ops ------------------------------------------------------------------------------ */
 
 static void test_rmsnorm(void **state)
@@ -759,6 +798,7 @@ int main(void)
         cmocka_unit_test(test_matmul_bf16),
         cmocka_unit_test(test_matmul_q8_0),
         cmocka_unit_test(test_matmul_batch_invariant),
+        cmocka_unit_test(test_matmul_simd_matches_portable),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope_layouts),
         cmocka_unit_test(test_rope_layouts_differ),
