@@ -112,9 +112,9 @@ static void test_final_flush_replaces_incomplete_utf8(void **state)
     /* a lead byte followed by a non-continuation: one U+FFFD for the lead, then the next char */
     struct sink k2 = {0};
     pp_textstream_init(&ts, NULL, 0);
-    push(&ts, "\xe2\x82A\xf0\x9f\x98\x80\xff");
+    push(&ts, "\xe2\x82" "A\xf0\x9f\x98\x80\xff");
     take(&ts, &k2, 1);
-    assert_string_equal(k2.text, FFFD "A\xf0\x9f\x98\x80" FFFD);
+    assert_string_equal(k2.text, FFFD "A" "\xf0\x9f\x98\x80" FFFD);
     pp_textstream_free(&ts);
 }
 
