@@ -84,7 +84,7 @@ static void print_json(const struct pp_gen_request *req, const struct pp_gen_res
     pp_json_double(&j, res->decode_seconds > 0 && res->n_ids > 1
                            ? (res->n_ids - 1) / res->decode_seconds : 0.0);
     pp_json_end_object(&j);
-    printf("%s\n", j.buf ? j.buf : "{}");
+    printf("%s\n", j.out.data && !j.out.failed ? j.out.data : "{}");
     pp_json_free(&j);
 }
 

@@ -15,32 +15,13 @@ void pp_json_init(struct pp_json *j)
 
 void pp_json_free(struct pp_json *j)
 {
-    pp_free(PP_MEM_MISC, j->buf);
-    memset(j, 0, sizeof(*j));
+    pp_buf_free(&j->out);
+    j->need_comma = 0;
 }
 
 static void put(struct pp_json *j, const char *s, size_t n)
 {
-    if (j->oom)
-        return;
-    if (j->len + n + 1 > j->cap) {
-        size_t cap = j->cap ? j->cap : 256;
-        while (cap < j->len + n + 1)
-            cap *= 2;
-        char *nb = pp_alloc(PP_MEM_MISC, cap);
-        if (!nb) {
-            j->oom = 1;
-            return;
-        }
-        if (j->buf)
-            memcpy(nb, j->buf, j->len);
-        pp_free(PP_MEM_MISC, j->buf);
-        j->buf = nb;
-        j->cap = cap;
-    }
-    memcpy(j->buf + j->len, s, n);
-    j->len += n;
-    j->buf[j->len] = '\0';
+    pp_buf_put(&j->out, s, n);
 }
 
 static void value_start(struct pp_json *j)
@@ -83,37 +64,41 @@ void pp_json_key(struct pp_json *j, const char *key)
     j->need_comma = 0;
 }
 
-void pp_json_string(struct pp_json *j, const char *s, size_t n)
+void pp_buf_json_string(struct pp_buf *b, const char *s, size_t n)
 {
-    value_start(j);
-    put(j, "\"", 1);
+    pp_buf_put(b, "\"", 1);
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
         unsigned char c = u[i];
         if (c == '"' || c == '\\') {
             char e[2] = {'\\', (char)c};
-            put(j, e, 2);
+            pp_buf_put(b, e, 2);
             i++;
         } else if (c < 0x20) {
-            char e[8];
             const char *named = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : NULL;
             if (named)
-                put(j, named, 2);
+                pp_buf_put(b, named, 2);
             else
-                put(j, e, (size_t)snprintf(e, sizeof(e), "\\u%04x", c));
+                pp_buf_printf(b, "\\u%04x", c);
             i++;
         } else {
             size_t k = pp_utf8_char_len(u + i, n - i);
             if (k == 0) {
-                put(j, "\xef\xbf\xbd", 3);
+                pp_buf_put(b, "\xef\xbf\xbd", 3);
                 i += pp_utf8_invalid_len(u + i, n - i);
             } else {
-                put(j, s + i, k);
+                pp_buf_put(b, s + i, k);
                 i += k;
             }
         }
     }
-    put(j, "\"", 1);
+    pp_buf_put(b, "\"", 1);
+}
+
+void pp_json_string(struct pp_json *j, const char *s, size_t n)
+{
+    value_start(j);
+    pp_buf_json_string(&j->out, s, n);
 }
 
 void pp_json_cstring(struct pp_json *j, const char *s)

@@ -7,13 +7,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/buf.h"
+
 struct pp_json {
-    char *buf;
-    size_t len;
-    size_t cap;
-    int oom;        /* set when an allocation failed; the text is then incomplete */
-    int need_comma; /* a value was written at the current nesting level */
+    struct pp_buf out; /* the text; out.failed means it is incomplete */
+    int need_comma;    /* a value was written at the current nesting level */
 };
+
+/* Appends n bytes of s as a quoted, escaped JSON string (invalid UTF-8 → U+FFFD). */
+void pp_buf_json_string(struct pp_buf *b, const char *s, size_t n);
 
 void pp_json_init(struct pp_json *j);
 void pp_json_free(struct pp_json *j);

@@ -146,12 +146,12 @@ pp_status pp_generate(struct pp_executor *ex, const struct pp_tokenizer *tok,
         st = run(&g, res);
         emit_text(&g, 1);
         if (tok && st == PP_OK) {
-            res->text = pp_alloc(PP_MEM_MISC, g.ts.text_len + 1);
-            if (res->text && !g.ts.oom) {
-                if (g.ts.text_len)
-                    memcpy(res->text, g.ts.text, g.ts.text_len);
-                res->text[g.ts.text_len] = '\0';
-                res->text_len = g.ts.text_len;
+            res->text = pp_alloc(PP_MEM_MISC, g.ts.text.len + 1);
+            if (res->text && !g.ts.text.failed) {
+                if (g.ts.text.len)
+                    memcpy(res->text, g.ts.text.data, g.ts.text.len);
+                res->text[g.ts.text.len] = '\0';
+                res->text_len = g.ts.text.len;
             } else {
                 st = PP_ERR_NOMEM;
             }

@@ -28,21 +28,21 @@ uint32_t pp__gguf_ggml_type(enum pp_dtype t)
     }
 }
 
-static void put_u32(struct pp__sbuf *b, uint32_t v)
+static void put_u32(struct pp_buf *b, uint32_t v)
 {
-    pp__sbuf_put(b, &v, 4);
+    pp_buf_put(b, &v, 4);
 }
 
-static void put_u64(struct pp__sbuf *b, uint64_t v)
+static void put_u64(struct pp_buf *b, uint64_t v)
 {
-    pp__sbuf_put(b, &v, 8);
+    pp_buf_put(b, &v, 8);
 }
 
-static void put_str(struct pp__sbuf *b, const char *s)
+static void put_str(struct pp_buf *b, const char *s)
 {
     uint64_t n = strlen(s);
     put_u64(b, n);
-    pp__sbuf_put(b, s, (size_t)n);
+    pp_buf_put(b, s, (size_t)n);
 }
 
 static void put_key(struct pp__gguf_writer *w, const char *key, uint32_t type)
@@ -61,7 +61,7 @@ void pp__gguf_add_u32(struct pp__gguf_writer *w, const char *key, uint32_t v)
 void pp__gguf_add_i32(struct pp__gguf_writer *w, const char *key, int32_t v)
 {
     put_key(w, key, PP__GGUF_I32);
-    pp__sbuf_put(&w->kv, &v, 4);
+    pp_buf_put(&w->kv, &v, 4);
 }
 
 void pp__gguf_add_u64(struct pp__gguf_writer *w, const char *key, uint64_t v)
@@ -73,14 +73,14 @@ void pp__gguf_add_u64(struct pp__gguf_writer *w, const char *key, uint64_t v)
 void pp__gguf_add_f32(struct pp__gguf_writer *w, const char *key, float v)
 {
     put_key(w, key, PP__GGUF_F32);
-    pp__sbuf_put(&w->kv, &v, 4);
+    pp_buf_put(&w->kv, &v, 4);
 }
 
 void pp__gguf_add_bool(struct pp__gguf_writer *w, const char *key, int v)
 {
     uint8_t b = v != 0;
     put_key(w, key, PP__GGUF_BOOL);
-    pp__sbuf_put(&w->kv, &b, 1);
+    pp_buf_put(&w->kv, &b, 1);
 }
 
 void pp__gguf_add_str(struct pp__gguf_writer *w, const char *key, const char *v)
@@ -107,14 +107,14 @@ void pp__gguf_add_str_array(struct pp__gguf_writer *w, const char *key, const ch
 void pp__gguf_add_f32_array(struct pp__gguf_writer *w, const char *key, const float *v, uint64_t n)
 {
     put_array_head(w, key, PP__GGUF_F32, n);
-    pp__sbuf_put(&w->kv, v, (size_t)n * 4);
+    pp_buf_put(&w->kv, v, (size_t)n * 4);
 }
 
 void pp__gguf_add_i32_array(struct pp__gguf_writer *w, const char *key, const int32_t *v,
                             uint64_t n)
 {
     put_array_head(w, key, PP__GGUF_I32, n);
-    pp__sbuf_put(&w->kv, v, (size_t)n * 4);
+    pp_buf_put(&w->kv, v, (size_t)n * 4);
 }
 
 static uint64_t align_up(uint64_t x)
@@ -165,7 +165,7 @@ pp_status pp__gguf_begin(struct pp__gguf_writer *w, const char *path)
 {
     if (w->kv.failed || w->infos.failed)
         return pp_error(PP_ERR_NOMEM, "gguf writer: no memory for the header of %s", path);
-    struct pp__sbuf head = {0};
+    struct pp_buf head = {0};
     put_u32(&head, GGUF_MAGIC);
     put_u32(&head, GGUF_VERSION);
     put_u64(&head, w->n_tensors);
@@ -175,7 +175,7 @@ pp_status pp__gguf_begin(struct pp__gguf_writer *w, const char *path)
     pp_status st = pp__out_open(&w->out, path);
     if (!st)
         st = pp__out_write(&w->out, head.data, head.len);
-    pp__sbuf_free(&head);
+    pp_buf_free(&head);
     if (!st)
         st = pp__out_write(&w->out, w->kv.data, w->kv.len);
     if (!st)
@@ -217,8 +217,8 @@ void pp__gguf_free(struct pp__gguf_writer *w)
     if (!w)
         return;
     pp__out_abort(&w->out);
-    pp__sbuf_free(&w->kv);
-    pp__sbuf_free(&w->infos);
+    pp_buf_free(&w->kv);
+    pp_buf_free(&w->infos);
     pp_free(PP_MEM_MISC, w->tensors);
     memset(w, 0, sizeof(*w));
 }

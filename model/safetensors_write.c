@@ -62,32 +62,32 @@ pp_status pp__st_add(struct pp__st_writer *w, const char *name, enum pp_dtype ty
     return PP_OK;
 }
 
-static void build_header(const struct pp__st_writer *w, struct pp__sbuf *b)
+static void build_header(const struct pp__st_writer *w, struct pp_buf *b)
 {
     uint64_t offset = 0;
-    pp__sbuf_puts(b, "{\"__metadata__\":{\"format\":\"pt\"}");
+    pp_buf_puts(b, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (uint64_t i = 0; i < w->n; i++) {
         const struct pp__st_entry *e = &w->entries[i];
-        pp__sbuf_puts(b, ",");
-        pp__sbuf_json_str(b, e->name);
-        pp__sbuf_printf(b, ":{\"dtype\":\"%s\",\"shape\":[", pp__st_dtype_name(e->type));
+        pp_buf_puts(b, ",");
+        pp__synth_json_cstr(b, e->name);
+        pp_buf_printf(b, ":{\"dtype\":\"%s\",\"shape\":[", pp__st_dtype_name(e->type));
         for (int d = 0; d < e->n_dims; d++)
-            pp__sbuf_printf(b, "%s%lld", d ? "," : "", (long long)e->shape[d]);
-        pp__sbuf_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
+            pp_buf_printf(b, "%s%lld", d ? "," : "", (long long)e->shape[d]);
+        pp_buf_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
                         (unsigned long long)(offset + e->nbytes));
         offset += e->nbytes;
     }
-    pp__sbuf_puts(b, "}");
+    pp_buf_puts(b, "}");
     while (b->len % HEADER_ALIGN && !b->failed)
-        pp__sbuf_puts(b, " ");
+        pp_buf_puts(b, " ");
 }
 
 pp_status pp__st_begin(struct pp__st_writer *w, const char *path)
 {
-    struct pp__sbuf header = {0};
+    struct pp_buf header = {0};
     build_header(w, &header);
     if (header.failed) {
-        pp__sbuf_free(&header);
+        pp_buf_free(&header);
         return pp_error(PP_ERR_NOMEM, "safetensors writer: no memory for the header of %s", path);
     }
     uint64_t len = header.len;
@@ -96,7 +96,7 @@ pp_status pp__st_begin(struct pp__st_writer *w, const char *path)
         st = pp__out_write(&w->out, &len, 8);
     if (!st)
         st = pp__out_write(&w->out, header.data, header.len);
-    pp__sbuf_free(&header);
+    pp_buf_free(&header);
     w->cur = w->cur_done = 0;
     return st;
 }

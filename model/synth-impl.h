@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "common/status.h"
+#include "common/buf.h"
 #include "kernels/dtype.h"
 #include "model/synth.h"
 
@@ -117,22 +118,11 @@ void pp__synth_vocab_free(struct pp__synth_vocab *v);
 
 /* A growable byte buffer; an allocation failure is sticky (failed = 1) and later appends do
  * nothing, so builders check once at the end. */
-struct pp__sbuf {
-    char *data;
-    size_t len, cap;
-    int failed;
-};
-
-void pp__sbuf_put(struct pp__sbuf *b, const void *p, size_t n);
-void pp__sbuf_puts(struct pp__sbuf *b, const char *s);
-void pp__sbuf_printf(struct pp__sbuf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-/* A JSON string literal: quotes, backslashes and control characters escaped, other bytes raw. */
-void pp__sbuf_json_str(struct pp__sbuf *b, const char *s);
+/* A JSON string literal (escaped by pp_buf_json_string). */
+void pp__synth_json_cstr(struct pp_buf *b, const char *s);
 /* A JSON number for a float: the shortest decimal that reads back as the same float, with ".0"
  * added to integral values so readers see a float. */
-void pp__sbuf_json_float(struct pp__sbuf *b, float v);
-void pp__sbuf_free(struct pp__sbuf *b);
+void pp__synth_json_float(struct pp_buf *b, float v);
 
 /* ---- atomic output file (synth_file.c) ---- */
 
@@ -176,8 +166,8 @@ struct pp__gguf_tensor_info {
 /* Usage: init; add metadata and tensor infos; begin (writes the header); then the bytes of every
  * tensor in the order they were added, in any number of pieces; finish. free always. */
 struct pp__gguf_writer {
-    struct pp__sbuf kv;    /* serialized key/value pairs */
-    struct pp__sbuf infos; /* serialized tensor infos */
+    struct pp_buf kv;    /* serialized key/value pairs */
+    struct pp_buf infos; /* serialized tensor infos */
     uint64_t n_kv, n_tensors;
     struct pp__gguf_tensor_info *tensors;
     uint64_t cap, data_size;
@@ -241,8 +231,8 @@ const char *pp__st_dtype_name(enum pp_dtype t);
 /* ---- HF side files (synth_hf_json.c) ---- */
 
 /* config.json, tokenizer.json and tokenizer_config.json contents. */
-pp_status pp__synth_hf_config(const struct pp__synth_model *m, struct pp__sbuf *b);
-pp_status pp__synth_hf_tokenizer(const struct pp__synth_vocab *v, struct pp__sbuf *b);
-pp_status pp__synth_hf_tokenizer_config(const struct pp__synth_model *m, struct pp__sbuf *b);
+pp_status pp__synth_hf_config(const struct pp__synth_model *m, struct pp_buf *b);
+pp_status pp__synth_hf_tokenizer(const struct pp__synth_vocab *v, struct pp_buf *b);
+pp_status pp__synth_hf_tokenizer_config(const struct pp__synth_model *m, struct pp_buf *b);
 
 #endif

@@ -136,23 +136,23 @@ static pp_status write_index(const struct pp__synth_model *m, const char *dir,
     pp_status st = join(path, dir, "model.safetensors.index.json");
     if (st)
         return st;
-    struct pp__sbuf b = {0};
-    pp__sbuf_printf(&b, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {",
+    struct pp_buf b = {0};
+    pp_buf_printf(&b, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {",
                     (unsigned long long)total);
     int64_t n = pp__synth_tensor_count(m);
     for (int64_t i = 0; i < n; i++) {
         struct pp__synth_tensor t;
         pp__synth_tensor_get(m, i, &t);
         shard_name(name, shard_of[i], m->s.shards);
-        pp__sbuf_puts(&b, i ? ",\n    " : "\n    ");
-        pp__sbuf_json_str(&b, t.hf_name);
-        pp__sbuf_puts(&b, ": ");
-        pp__sbuf_json_str(&b, name);
+        pp_buf_puts(&b, i ? ",\n    " : "\n    ");
+        pp__synth_json_cstr(&b, t.hf_name);
+        pp_buf_puts(&b, ": ");
+        pp__synth_json_cstr(&b, name);
     }
-    pp__sbuf_puts(&b, "\n  }\n}\n");
+    pp_buf_puts(&b, "\n  }\n}\n");
     st = b.failed ? pp_error(PP_ERR_NOMEM, "synth: no memory for %s", path)
                   : pp__out_write_file(path, b.data, b.len);
-    pp__sbuf_free(&b);
+    pp_buf_free(&b);
     return st;
 }
 
@@ -174,19 +174,19 @@ static pp_status write_weights(const struct pp__synth_model *m, const char *dir)
     return st;
 }
 
-typedef pp_status (*json_builder)(const void *arg, struct pp__sbuf *b);
+typedef pp_status (*json_builder)(const void *arg, struct pp_buf *b);
 
-static pp_status config_json(const void *arg, struct pp__sbuf *b)
+static pp_status config_json(const void *arg, struct pp_buf *b)
 {
     return pp__synth_hf_config(arg, b);
 }
 
-static pp_status tokenizer_config_json(const void *arg, struct pp__sbuf *b)
+static pp_status tokenizer_config_json(const void *arg, struct pp_buf *b)
 {
     return pp__synth_hf_tokenizer_config(arg, b);
 }
 
-static pp_status tokenizer_json(const void *arg, struct pp__sbuf *b)
+static pp_status tokenizer_json(const void *arg, struct pp_buf *b)
 {
     const struct pp__synth_model *m = arg;
     struct pp__synth_vocab v;
@@ -203,13 +203,13 @@ static pp_status write_json(const char *dir, const char *name, json_builder buil
     pp_status st = join(path, dir, name);
     if (st)
         return st;
-    struct pp__sbuf b = {0};
+    struct pp_buf b = {0};
     st = build(arg, &b);
     if (!st && b.failed)
         st = pp_error(PP_ERR_NOMEM, "synth: no memory for %s", path);
     if (!st)
         st = pp__out_write_file(path, b.data, b.len);
-    pp__sbuf_free(&b);
+    pp_buf_free(&b);
     return st;
 }
 

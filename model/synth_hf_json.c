@@ -19,68 +19,68 @@ static const char *torch_dtype(enum pp_dtype t)
     }
 }
 
-pp_status pp__synth_hf_config(const struct pp__synth_model *m, struct pp__sbuf *b)
+pp_status pp__synth_hf_config(const struct pp__synth_model *m, struct pp_buf *b)
 {
     static const char *const classes[] = {"LlamaForCausalLM", "MistralForCausalLM",
                                           "Qwen2ForCausalLM"};
     const struct pp_synth_spec *s = &m->s;
-    pp__sbuf_printf(b, "{\n  \"architectures\": [\"%s\"],\n", classes[m->arch]);
-    pp__sbuf_printf(b, "  \"model_type\": \"%s\",\n", s->arch);
-    pp__sbuf_puts(b, "  \"hidden_act\": \"silu\",\n");
-    pp__sbuf_printf(b, "  \"hidden_size\": %d,\n", s->dim);
-    pp__sbuf_printf(b, "  \"intermediate_size\": %d,\n", s->ffn_dim);
-    pp__sbuf_printf(b, "  \"num_hidden_layers\": %d,\n", s->n_layers);
-    pp__sbuf_printf(b, "  \"num_attention_heads\": %d,\n", s->n_heads);
-    pp__sbuf_printf(b, "  \"num_key_value_heads\": %d,\n", s->n_kv_heads);
-    pp__sbuf_printf(b, "  \"head_dim\": %d,\n", s->head_dim);
-    pp__sbuf_printf(b, "  \"vocab_size\": %d,\n", s->vocab_size);
-    pp__sbuf_printf(b, "  \"max_position_embeddings\": %d,\n", s->max_context);
-    pp__sbuf_puts(b, "  \"rms_norm_eps\": ");
-    pp__sbuf_json_float(b, s->norm_eps);
-    pp__sbuf_puts(b, ",\n  \"rope_theta\": ");
-    pp__sbuf_json_float(b, s->rope_theta);
+    pp_buf_printf(b, "{\n  \"architectures\": [\"%s\"],\n", classes[m->arch]);
+    pp_buf_printf(b, "  \"model_type\": \"%s\",\n", s->arch);
+    pp_buf_puts(b, "  \"hidden_act\": \"silu\",\n");
+    pp_buf_printf(b, "  \"hidden_size\": %d,\n", s->dim);
+    pp_buf_printf(b, "  \"intermediate_size\": %d,\n", s->ffn_dim);
+    pp_buf_printf(b, "  \"num_hidden_layers\": %d,\n", s->n_layers);
+    pp_buf_printf(b, "  \"num_attention_heads\": %d,\n", s->n_heads);
+    pp_buf_printf(b, "  \"num_key_value_heads\": %d,\n", s->n_kv_heads);
+    pp_buf_printf(b, "  \"head_dim\": %d,\n", s->head_dim);
+    pp_buf_printf(b, "  \"vocab_size\": %d,\n", s->vocab_size);
+    pp_buf_printf(b, "  \"max_position_embeddings\": %d,\n", s->max_context);
+    pp_buf_puts(b, "  \"rms_norm_eps\": ");
+    pp__synth_json_float(b, s->norm_eps);
+    pp_buf_puts(b, ",\n  \"rope_theta\": ");
+    pp__synth_json_float(b, s->rope_theta);
     if (s->rope_llama3)
-        pp__sbuf_puts(b, ",\n  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
+        pp_buf_puts(b, ",\n  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
                          "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
                          "\"original_max_position_embeddings\": 8192}");
     else
-        pp__sbuf_puts(b, ",\n  \"rope_scaling\": null");
+        pp_buf_puts(b, ",\n  \"rope_scaling\": null");
     if (m->arch == PP__SYNTH_MISTRAL) {
         if (s->sliding_window)
-            pp__sbuf_printf(b, ",\n  \"sliding_window\": %d", s->sliding_window);
+            pp_buf_printf(b, ",\n  \"sliding_window\": %d", s->sliding_window);
         else
-            pp__sbuf_puts(b, ",\n  \"sliding_window\": null");
+            pp_buf_puts(b, ",\n  \"sliding_window\": null");
     }
-    pp__sbuf_printf(b, ",\n  \"tie_word_embeddings\": %s", s->tied ? "true" : "false");
-    pp__sbuf_puts(b, ",\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2");
-    pp__sbuf_printf(b, ",\n  \"torch_dtype\": \"%s\"\n}\n", torch_dtype(s->dtype));
+    pp_buf_printf(b, ",\n  \"tie_word_embeddings\": %s", s->tied ? "true" : "false");
+    pp_buf_puts(b, ",\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2");
+    pp_buf_printf(b, ",\n  \"torch_dtype\": \"%s\"\n}\n", torch_dtype(s->dtype));
     return PP_OK;
 }
 
-static void added_tokens(const struct pp__synth_vocab *v, struct pp__sbuf *b)
+static void added_tokens(const struct pp__synth_vocab *v, struct pp_buf *b)
 {
     /* the specials and the unused filler tokens: special, so decoding drops them as GGUF readers
      * drop control and unused tokens */
-    pp__sbuf_puts(b, "  \"added_tokens\": [");
+    pp_buf_puts(b, "  \"added_tokens\": [");
     for (int32_t id = 0; id < v->n; id++) {
         if (id >= 3 && v->types[id] != PP__TOK_UNUSED)
             continue;
-        pp__sbuf_printf(b, "%s\n    {\"id\": %d, \"content\": ", id ? "," : "", id);
-        pp__sbuf_json_str(b, v->tokens[id]);
-        pp__sbuf_puts(b, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+        pp_buf_printf(b, "%s\n    {\"id\": %d, \"content\": ", id ? "," : "", id);
+        pp__synth_json_cstr(b, v->tokens[id]);
+        pp_buf_puts(b, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
                          "\"normalized\": false, \"special\": true}");
     }
-    pp__sbuf_puts(b, "\n  ],\n");
+    pp_buf_puts(b, "\n  ],\n");
 }
 
-static void pipeline(struct pp__sbuf *b)
+static void pipeline(struct pp_buf *b)
 {
-    pp__sbuf_puts(b, "  \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["
+    pp_buf_puts(b, "  \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["
                      "{\"type\": \"Prepend\", \"prepend\": \"" SPACE_MARK "\"}, "
                      "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, "
                      "\"content\": \"" SPACE_MARK "\"}]},\n");
-    pp__sbuf_puts(b, "  \"pre_tokenizer\": null,\n");
-    pp__sbuf_puts(b, "  \"post_processor\": {\"type\": \"TemplateProcessing\", "
+    pp_buf_puts(b, "  \"pre_tokenizer\": null,\n");
+    pp_buf_puts(b, "  \"post_processor\": {\"type\": \"TemplateProcessing\", "
                      "\"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, "
                      "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
                      "\"pair\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, "
@@ -89,58 +89,58 @@ static void pipeline(struct pp__sbuf *b)
                      "{\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}], "
                      "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [1], "
                      "\"tokens\": [\"<s>\"]}}},\n");
-    pp__sbuf_puts(b, "  \"decoder\": {\"type\": \"Sequence\", \"decoders\": ["
+    pp_buf_puts(b, "  \"decoder\": {\"type\": \"Sequence\", \"decoders\": ["
                      "{\"type\": \"Replace\", \"pattern\": {\"String\": \"" SPACE_MARK "\"}, "
                      "\"content\": \" \"}, {\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}, "
                      "{\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]},\n");
 }
 
-static void bpe_model(const struct pp__synth_vocab *v, struct pp__sbuf *b)
+static void bpe_model(const struct pp__synth_vocab *v, struct pp_buf *b)
 {
-    pp__sbuf_puts(b,
+    pp_buf_puts(b,
                   "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": \"<unk>\", "
                   "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, "
                   "\"fuse_unk\": true, \"byte_fallback\": true,\n    \"vocab\": {");
     for (int32_t id = 0; id < v->n; id++) {
-        pp__sbuf_puts(b, id ? ",\n      " : "\n      ");
-        pp__sbuf_json_str(b, v->tokens[id]);
-        pp__sbuf_printf(b, ": %d", id);
+        pp_buf_puts(b, id ? ",\n      " : "\n      ");
+        pp__synth_json_cstr(b, v->tokens[id]);
+        pp_buf_printf(b, ": %d", id);
     }
-    pp__sbuf_puts(b, "\n    },\n    \"merges\": [");
-    struct pp__sbuf pair = {0};
+    pp_buf_puts(b, "\n    },\n    \"merges\": [");
+    struct pp_buf pair = {0};
     for (int32_t k = 0; k < v->n_merges; k++) {
         pair.len = 0;
-        pp__sbuf_puts(&pair, v->tokens[v->merges[2 * k]]);
-        pp__sbuf_puts(&pair, " ");
-        pp__sbuf_puts(&pair, v->tokens[v->merges[2 * k + 1]]);
-        pp__sbuf_put(&pair, "", 1);
-        pp__sbuf_puts(b, k ? ",\n      " : "\n      ");
+        pp_buf_puts(&pair, v->tokens[v->merges[2 * k]]);
+        pp_buf_puts(&pair, " ");
+        pp_buf_puts(&pair, v->tokens[v->merges[2 * k + 1]]);
+        pp_buf_put(&pair, "", 1);
+        pp_buf_puts(b, k ? ",\n      " : "\n      ");
         if (pair.failed)
             b->failed = 1;
         else
-            pp__sbuf_json_str(b, pair.data);
+            pp__synth_json_cstr(b, pair.data);
     }
-    pp__sbuf_free(&pair);
-    pp__sbuf_puts(b, "\n    ]\n  }\n");
+    pp_buf_free(&pair);
+    pp_buf_puts(b, "\n    ]\n  }\n");
 }
 
-pp_status pp__synth_hf_tokenizer(const struct pp__synth_vocab *v, struct pp__sbuf *b)
+pp_status pp__synth_hf_tokenizer(const struct pp__synth_vocab *v, struct pp_buf *b)
 {
-    pp__sbuf_puts(b, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n");
+    pp_buf_puts(b, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n");
     added_tokens(v, b);
     pipeline(b);
     bpe_model(v, b);
-    pp__sbuf_puts(b, "}\n");
+    pp_buf_puts(b, "}\n");
     return PP_OK;
 }
 
-pp_status pp__synth_hf_tokenizer_config(const struct pp__synth_model *m, struct pp__sbuf *b)
+pp_status pp__synth_hf_tokenizer_config(const struct pp__synth_model *m, struct pp_buf *b)
 {
-    pp__sbuf_puts(b, "{\n  \"add_bos_token\": true,\n  \"add_eos_token\": false,\n"
+    pp_buf_puts(b, "{\n  \"add_bos_token\": true,\n  \"add_eos_token\": false,\n"
                      "  \"bos_token\": \"<s>\",\n  \"eos_token\": \"</s>\",\n"
                      "  \"unk_token\": \"<unk>\",\n  \"pad_token\": null,\n"
                      "  \"clean_up_tokenization_spaces\": false,\n");
-    pp__sbuf_printf(b, "  \"model_max_length\": %d,\n", m->s.max_context);
-    pp__sbuf_puts(b, "  \"tokenizer_class\": \"LlamaTokenizerFast\"\n}\n");
+    pp_buf_printf(b, "  \"model_max_length\": %d,\n", m->s.max_context);
+    pp_buf_puts(b, "  \"tokenizer_class\": \"LlamaTokenizerFast\"\n}\n");
     return PP_OK;
 }

@@ -3,7 +3,6 @@
 
 #include <string.h>
 
-#include "common/alloc.h"
 #include "common/utf8.h"
 
 void pp_textstream_init(struct pp_textstream *ts, const char *const *stops, int n_stops)
@@ -15,27 +14,9 @@ void pp_textstream_init(struct pp_textstream *ts, const char *const *stops, int 
 
 void pp_textstream_free(struct pp_textstream *ts)
 {
-    pp_free(PP_MEM_MISC, ts->raw);
-    pp_free(PP_MEM_MISC, ts->text);
+    pp_buf_free(&ts->raw);
+    pp_buf_free(&ts->text);
     memset(ts, 0, sizeof(*ts));
-}
-
-static int grow(char **buf, size_t *cap, size_t need)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : 256;
-    while (c < need)
-        c *= 2;
-    char *nb = pp_alloc(PP_MEM_MISC, c);
-    if (!nb)
-        return -1;
-    if (*buf)
-        memcpy(nb, *buf, *cap);
-    pp_free(PP_MEM_MISC, *buf);
-    *buf = nb;
-    *cap = c;
-    return 0;
 }
 
 static size_t max_stop_len(const struct pp_textstream *ts)
@@ -51,27 +32,28 @@ int pp_textstream_push(struct pp_textstream *ts, const char *bytes, size_t n)
 {
     if (ts->stopped)
         return 1;
-    if (grow(&ts->raw, &ts->raw_cap, ts->raw_len + n + 1) != 0) {
-        ts->oom = 1;
+    if (ts->text.failed)
+        return -1;
+    size_t old = ts->raw.len;
+    pp_buf_put(&ts->raw, bytes, n);
+    if (ts->raw.failed) {
+        ts->text.failed = 1;
         return -1;
     }
-    memcpy(ts->raw + ts->raw_len, bytes, n);
-    size_t old = ts->raw_len;
-    ts->raw_len += n;
     /* a new match ends inside the new bytes, so it starts at most max_len-1 bytes before them */
     size_t ml = max_stop_len(ts);
     size_t from = old + 1 > ml ? old + 1 - ml : 0;
-    size_t cut = ts->raw_len + 1;
+    size_t cut = ts->raw.len + 1;
     for (int i = 0; i < ts->n_stops; i++) {
         size_t sl = strlen(ts->stops[i]);
-        for (size_t p = from; sl > 0 && p + sl <= ts->raw_len && p < cut; p++)
-            if (memcmp(ts->raw + p, ts->stops[i], sl) == 0) {
+        for (size_t p = from; sl > 0 && p + sl <= ts->raw.len && p < cut; p++)
+            if (memcmp(ts->raw.data + p, ts->stops[i], sl) == 0) {
                 cut = p;
                 break;
             }
     }
-    if (cut <= ts->raw_len) {
-        ts->raw_len = cut < ts->raw_done ? ts->raw_done : cut;
+    if (cut <= ts->raw.len) {
+        ts->raw.len = cut < ts->raw_done ? ts->raw_done : cut;
         ts->stopped = 1;
         return 1;
     }
@@ -85,7 +67,7 @@ static size_t stop_prefix_hold(const struct pp_textstream *ts)
     for (int i = 0; i < ts->n_stops; i++) {
         size_t sl = strlen(ts->stops[i]);
         for (size_t k = sl > 0 ? sl - 1 : 0; k > hold; k--)
-            if (k <= ts->raw_len && memcmp(ts->raw + ts->raw_len - k, ts->stops[i], k) == 0) {
+            if (k <= ts->raw.len && memcmp(ts->raw.data + ts->raw.len - k, ts->stops[i], k) == 0) {
                 hold = k;
                 break;
             }
@@ -95,34 +77,33 @@ static size_t stop_prefix_hold(const struct pp_textstream *ts)
 
 size_t pp_textstream_take(struct pp_textstream *ts, int final, const char **out)
 {
-    size_t start = ts->text_len;
+    size_t start = ts->text.len;
     int flush = final || ts->stopped;
-    size_t end = ts->raw_len - (flush ? 0 : stop_prefix_hold(ts));
+    size_t end = ts->raw.len - (flush ? 0 : stop_prefix_hold(ts));
     if (end < ts->raw_done)
         end = ts->raw_done;
     /* every raw byte becomes at most 3 text bytes (U+FFFD) */
-    if (grow(&ts->text, &ts->text_cap, ts->text_len + 3 * (end - ts->raw_done) + 1) != 0) {
-        ts->oom = 1;
+    if (!pp_buf_reserve(&ts->text, 3 * (end - ts->raw_done))) {
         *out = "";
         return 0;
     }
-    const unsigned char *r = (const unsigned char *)ts->raw;
+    const unsigned char *r = (const unsigned char *)ts->raw.data;
     size_t i = ts->raw_done;
     while (i < end) {
         size_t k = pp_utf8_char_len(r + i, end - i);
         if (k > 0) {
-            memcpy(ts->text + ts->text_len, r + i, k);
-            ts->text_len += k;
+            memcpy(ts->text.data + ts->text.len, r + i, k);
+            ts->text.len += k;
             i += k;
         } else if (!flush && pp_utf8_is_prefix(r + i, end - i)) {
             break; /* the character may complete with the next token */
         } else {
-            memcpy(ts->text + ts->text_len, "\xef\xbf\xbd", 3);
-            ts->text_len += 3;
+            memcpy(ts->text.data + ts->text.len, "\xef\xbf\xbd", 3);
+            ts->text.len += 3;
             i += pp_utf8_invalid_len(r + i, end - i);
         }
     }
     ts->raw_done = i;
-    *out = ts->text ? ts->text + start : "";
-    return ts->text_len - start;
+    *out = ts->text.data ? ts->text.data + start : "";
+    return ts->text.len - start;
 }

@@ -14,13 +14,13 @@
 /* Parses j's text as any JSON value; fails the test with the parser's message when it is invalid. */
 static json_t *parse(const struct pp_json *j)
 {
-    assert_false(j->oom);
-    assert_non_null(j->buf);
-    assert_int_equal(strlen(j->buf), j->len);
+    assert_false(j->out.failed);
+    assert_non_null(j->out.data);
+    assert_int_equal(strlen(j->out.data), j->out.len);
     json_error_t err;
-    json_t *v = json_loads(j->buf, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
+    json_t *v = json_loads(j->out.data, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
     if (!v)
-        fail_msg("invalid JSON %s: %s at %d", j->buf, err.text, err.position);
+        fail_msg("invalid JSON %s: %s at %d", j->out.data, err.text, err.position);
     return v;
 }
 
@@ -38,13 +38,13 @@ static void test_empty_containers(void **state)
     pp_json_init(&j);
     pp_json_begin_object(&j);
     pp_json_end_object(&j);
-    assert_string_equal(j.buf, "{}");
+    assert_string_equal(j.out.data, "{}");
     pp_json_free(&j);
 
     pp_json_init(&j);
     pp_json_begin_array(&j);
     pp_json_end_array(&j);
-    assert_string_equal(j.buf, "[]");
+    assert_string_equal(j.out.data, "[]");
     pp_json_free(&j);
     pp_json_free(&j); /* freeing twice is harmless: free clears the struct */
 }
@@ -80,7 +80,7 @@ static void test_nesting_and_commas(void **state)
     pp_json_key(&j, "f");
     pp_json_cstring(&j, "g");
     pp_json_end_object(&j);
-    assert_string_equal(j.buf,
+    assert_string_equal(j.out.data,
                         "{\"a\":[1,[2,3],{},[]],\"b\":{\"c\":null,\"d\":true,\"e\":false},\"f\":\"g\"}");
 
     json_t *v = parse(&j);
@@ -105,12 +105,12 @@ static void test_escaping(void **state)
     struct pp_json j;
     string_json(in, n, &j);
     /* no raw control byte may appear in the output */
-    for (size_t i = 0; i < j.len; i++)
-        assert_true((unsigned char)j.buf[i] >= 0x20);
-    assert_non_null(strstr(j.buf, "\\n"));
-    assert_non_null(strstr(j.buf, "\\t"));
-    assert_non_null(strstr(j.buf, "\\u0001"));
-    assert_non_null(strstr(j.buf, "\\\""));
+    for (size_t i = 0; i < j.out.len; i++)
+        assert_true((unsigned char)j.out.data[i] >= 0x20);
+    assert_non_null(strstr(j.out.data, "\\n"));
+    assert_non_null(strstr(j.out.data, "\\t"));
+    assert_non_null(strstr(j.out.data, "\\u0001"));
+    assert_non_null(strstr(j.out.data, "\\\""));
     json_t *v = parse(&j);
     assert_true(json_is_string(v));
     assert_int_equal(json_string_length(v), n);
@@ -120,7 +120,7 @@ static void test_escaping(void **state)
 
     /* an embedded NUL (the length, not strlen, bounds the string) */
     string_json("a\0b", 3, &j);
-    assert_string_equal(j.buf, "\"a\\u0000b\"");
+    assert_string_equal(j.out.data, "\"a\\u0000b\"");
     pp_json_free(&j);
 
     /* keys are escaped too */
@@ -143,7 +143,7 @@ static void test_valid_utf8_passes_through(void **state)
     pp_json_init(&j);
     pp_json_cstring(&j, s);
     /* written as is, not as \u escapes */
-    assert_int_equal(j.len, strlen(s) + 2);
+    assert_int_equal(j.out.len, strlen(s) + 2);
     json_t *v = parse(&j);
     assert_string_equal(json_string_value(v), s);
     json_decref(v);
@@ -312,24 +312,24 @@ static void test_oom(void **state)
     pp_json_init(&j);
     pp_alloc_fail_at(1);
     pp_json_begin_array(&j);
-    assert_true(j.oom);
+    assert_true(j.out.failed);
     pp_json_int(&j, 1);
     pp_json_end_array(&j);
-    assert_true(j.oom);
-    assert_int_equal(j.len, 0);
+    assert_true(j.out.failed);
+    assert_int_equal(j.out.len, 0);
     pp_json_free(&j);
 
     /* failure while growing past the first buffer */
     pp_json_init(&j);
     pp_json_begin_array(&j);
-    assert_false(j.oom);
+    assert_false(j.out.failed);
     pp_alloc_fail_at(1);
     char big[600];
     memset(big, 'z', sizeof(big));
     pp_json_string(&j, big, sizeof(big));
-    assert_true(j.oom);
-    assert_non_null(j.buf);
-    assert_int_equal(j.buf[0], '[');
+    assert_true(j.out.failed);
+    assert_non_null(j.out.data);
+    assert_int_equal(j.out.data[0], '[');
     pp_json_free(&j);
     assert_int_equal(pp_mem_live(PP_MEM_MISC), before);
 }
