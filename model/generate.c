@@ -37,7 +37,7 @@ struct gen {
     int32_t *history; /* [n_prompt + max_tokens] */
     int32_t n_hist;
     int32_t vocab;
-    int32_t eos; /* -1: none */
+    const struct pp_model_config *cfg; /* its end-of-sequence set ends generation */
 };
 
 static void emit_text(struct gen *g, int final)
@@ -64,7 +64,7 @@ static int accept_token(struct gen *g, int32_t id, struct pp_gen_result *res)
         }
         emit_text(g, 0);
     }
-    if (!g->req->ignore_eos && g->eos >= 0 && id == g->eos) {
+    if (!g->req->ignore_eos && pp_model_config_is_eos(g->cfg, id)) {
         res->finish = PP_FINISH_STOP;
         return 1;
     }
@@ -133,7 +133,7 @@ pp_status pp_generate(struct pp_executor *ex, const struct pp_tokenizer *tok,
     struct gen g = {.ex = ex, .tok = tok, .req = req, .cb = cb};
     const struct pp_model_config *mc = &pp_executor_model(ex)->cfg;
     g.vocab = mc->vocab_size;
-    g.eos = tok && pp_tokenizer_eos(tok) >= 0 ? pp_tokenizer_eos(tok) : mc->eos_id;
+    g.cfg = mc;
     int32_t max_new = req->max_tokens < ctx - req->n_prompt ? req->max_tokens : ctx - req->n_prompt;
     g.logits = pp_alloc(PP_MEM_ACTIVATIONS, (size_t)g.vocab * 2 * sizeof(float));
     g.history = pp_alloc(PP_MEM_MISC, (size_t)(req->n_prompt + max_new + 1) * sizeof(int32_t));

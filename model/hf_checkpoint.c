@@ -77,6 +77,32 @@ static pp_status get_num(json_t *o, const char *path, const char *key, float *ou
     return PP_OK;
 }
 
+/* eos_token_id: an integer or a list of them (Llama 3.1 lists several). */
+static pp_status get_eos(json_t *o, const char *path, struct pp_model_config *c)
+{
+    json_t *v = json_object_get(o, "eos_token_id");
+    if (!v || json_is_null(v))
+        return PP_OK;
+    if (json_is_integer(v)) {
+        pp_model_config_add_eos(c, json_integer_value(v));
+        return PP_OK;
+    }
+    size_t i;
+    json_t *e;
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, e)
+        {
+            if (!json_is_integer(e))
+                return pp_error(PP_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list "
+                                "of integers", path);
+            pp_model_config_add_eos(c, json_integer_value(e));
+        }
+        return PP_OK;
+    }
+    return pp_error(PP_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list of integers",
+                    path);
+}
+
 static pp_status parse_arch(json_t *root, const char *path, enum pp_arch *arch)
 {
     json_t *mt = json_object_get(root, "model_type");
@@ -161,7 +187,7 @@ static pp_status parse_config(struct pp_hf_checkpoint *h)
         (st = get_int(root, path, "vocab_size", 1, &c->vocab_size)) != PP_OK ||
         (st = get_int(root, path, "max_position_embeddings", 0, &c->max_context)) != PP_OK ||
         (st = get_int(root, path, "bos_token_id", 0, &c->bos_id)) != PP_OK ||
-        (st = get_int(root, path, "eos_token_id", 0, &c->eos_id)) != PP_OK ||
+        (st = get_eos(root, path, c)) != PP_OK ||
         (st = get_num(root, path, "rms_norm_eps", &c->norm_eps)) != PP_OK ||
         (st = get_num(root, path, "rope_theta", &c->rope_theta)) != PP_OK ||
         (st = parse_rope_scaling(root, path, &c->rope_scaling)) != PP_OK)
@@ -176,6 +202,15 @@ static pp_status parse_config(struct pp_hf_checkpoint *h)
     if (c->head_dim == 0 && c->n_heads > 0)
         c->head_dim = c->dim / c->n_heads;
     st = pp_model_config_validate(c, path);
+    if (st == PP_OK) {
+        /* generation_config.json may list more end tokens (Llama 3: end of turn, end of message) */
+        char gpath[PATH_MAX + 32];
+        snprintf(gpath, sizeof(gpath), "%s/generation_config.json", h->dir);
+        json_t *gen = json_load_file(gpath, 0, NULL);
+        if (gen && json_is_object(gen))
+            st = get_eos(gen, gpath, c);
+        json_decref(gen);
+    }
 done:
     json_decref(root);
     return st;

@@ -2,6 +2,7 @@
 #include "model/model_config.h"
 
 #include <math.h>
+#include <stdint.h>
 
 static const char *const arch_names[PP_ARCH_COUNT] = {"llama", "mistral", "qwen2"};
 
@@ -72,4 +73,22 @@ void pp_rope_inv_freq(const struct pp_model_config *c, const float *freq_divisor
             f = f / (double)freq_divisors[i];
         inv_freq[i] = (float)f;
     }
+}
+
+void pp_model_config_add_eos(struct pp_model_config *c, int64_t id)
+{
+    if (id < 0 || id > INT32_MAX || c->n_eos >= PP_MAX_EOS ||
+        pp_model_config_is_eos(c, (int32_t)id))
+        return;
+    if (c->n_eos == 0)
+        c->eos_id = (int32_t)id;
+    c->eos_ids[c->n_eos++] = (int32_t)id;
+}
+
+int pp_model_config_is_eos(const struct pp_model_config *c, int32_t id)
+{
+    for (int32_t i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id)
+            return 1;
+    return 0;
 }

@@ -24,6 +24,8 @@ struct pp_rope_scaling {
     int32_t original_context;
 };
 
+#define PP_MAX_EOS 8
+
 struct pp_model_config {
     enum pp_arch arch;
     enum pp_model_format format;
@@ -42,8 +44,15 @@ struct pp_model_config {
     enum pp_rope_layout rope_layout; /* decided by (format, architecture) */
     int tied_embeddings;
     int32_t bos_id; /* -1 when unknown */
-    int32_t eos_id;
+    int32_t eos_id; /* the primary end-of-sequence token, -1 when unknown */
+    int32_t n_eos;  /* every token that ends generation (Llama 3 has several) */
+    int32_t eos_ids[PP_MAX_EOS];
 };
+
+/* Adds id to the configuration's end-of-sequence set (ignored when negative, known or full). */
+void pp_model_config_add_eos(struct pp_model_config *c, int64_t id);
+/* 1 when id ends generation. */
+int pp_model_config_is_eos(const struct pp_model_config *c, int32_t id);
 
 const char *pp_arch_name(enum pp_arch a);
 

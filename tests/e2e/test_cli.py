@@ -207,3 +207,37 @@ def test_portable_and_vector_paths_agree(models, tmp_path, monkeypatch, dtype):
     port, port_logits = ppserve_run(root / "model.gguf", PROMPT, 5, tmp_path, tag="port")
     assert fast["ids"] == port["ids"]
     assert fast_logits.tobytes() == port_logits.tobytes()
+
+
+def test_eos_list_and_generation_config(model, tmp_path):
+    """eos_token_id may be a list (Llama 3.1), and generation_config.json may add end tokens: any of
+    them ends generation with finish_reason "stop", the end token included in ids."""
+    hf = tmp_path / "hf"
+    shutil.copytree(model / "hf", hf)
+    free, _ = ppserve_run(hf, PROMPT, 8, tmp_path, ("--ignore-eos",), tag="free")
+    third = free["ids"][2]
+    assert third not in free["ids"][:2]
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, "eos_token_id": [2, third]}))
+    out, _ = ppserve_run(hf, PROMPT, 8, tmp_path, tag="list")
+    assert out["ids"] == free["ids"][:3] and out["finish_reason"] == "stop"
+    (hf / "config.json").write_text(json.dumps({**cfg, "eos_token_id": 2}))
+    (hf / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, third]}))
+    out, _ = ppserve_run(hf, PROMPT, 8, tmp_path, tag="gen")
+    assert out["ids"] == free["ids"][:3] and out["finish_reason"] == "stop"
+    out, _ = ppserve_run(hf, PROMPT, 8, tmp_path, ("--ignore-eos",), tag="ign")
+    assert out["ids"] == free["ids"]
+
+
+def test_checkpoint_without_tokenizer_runs_from_ids(model, tmp_path):
+    hf = tmp_path / "hf"
+    shutil.copytree(model / "hf", hf)
+    (hf / "tokenizer.json").unlink()
+    (hf / "tokenizer_config.json").unlink()
+    out, logits = ppserve_run(hf, PROMPT, 4, tmp_path)
+    assert out["text"] is None and len(out["ids"]) == 4
+    streamed = run([PPSERVE, "run", "--model", str(hf), "--prompt-ids", "1,2,3",
+                    "--max-tokens", "3"]).stdout.split()
+    assert len(streamed) == 3 and all(s.isdigit() for s in streamed)
+    p = run_fail(["run", "--model", str(hf), "--prompt", "hello"])
+    assert "tokenizer" in p.stderr
