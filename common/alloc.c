@@ -75,3 +75,18 @@ void pp_alloc_fail_at(int64_t nth)
 {
     atomic_store(&fail_countdown, nth);
 }
+
+char *pp_strndup(enum pp_mem_category cat, const char *s, size_t n)
+{
+    char *d = n < SIZE_MAX ? pp_alloc(cat, n + 1) : NULL;
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+char *pp_strdup(enum pp_mem_category cat, const char *s)
+{
+    return pp_strndup(cat, s, strlen(s));
+}

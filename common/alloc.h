@@ -24,6 +24,9 @@ void *pp_calloc(enum pp_mem_category cat, size_t n, size_t size);
 void *pp_alloc_aligned(enum pp_mem_category cat, size_t size);
 /* NULL-safe. */
 void pp_free(enum pp_mem_category cat, void *p);
+/* A NUL-terminated copy of n bytes of s (which need not be terminated); NULL on failure. */
+char *pp_strndup(enum pp_mem_category cat, const char *s, size_t n);
+char *pp_strdup(enum pp_mem_category cat, const char *s);
 
 /* Live bytes in a category. */
 int64_t pp_mem_live(enum pp_mem_category cat);

@@ -266,14 +266,10 @@ pp_status pp_gguf_open(const char *path, struct pp_gguf **out)
     struct pp_gguf *g = pp_calloc(PP_MEM_MISC, 1, sizeof(*g));
     if (!g)
         return PP_ERR_NOMEM;
-    size_t plen = strlen(path) + 1;
-    char *own = pp_alloc(PP_MEM_MISC, plen);
-    if (!own) {
+    if (!(g->path = pp_strdup(PP_MEM_MISC, path))) {
         pp_free(PP_MEM_MISC, g);
         return PP_ERR_NOMEM;
     }
-    memcpy(own, path, plen);
-    g->path = own;
     pp_status st = pp_mapped_file_open(path, &g->file);
     if (st == PP_OK)
         st = parse(g);

@@ -23,15 +23,6 @@ struct pp_hf_checkpoint {
     struct shard *shards;
 };
 
-static char *dup_str(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = pp_alloc(PP_MEM_MISC, n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
-
 static pp_status load_json(const char *path, json_t **out)
 {
     json_error_t e;
@@ -93,8 +84,10 @@ static pp_status get_eos(json_t *o, const char *path, struct pp_model_config *c)
         json_array_foreach(v, i, e)
         {
             if (!json_is_integer(e))
-                return pp_error(PP_ERR_FORMAT, "%s: \"eos_token_id\" must be an integer or a list "
-                                "of integers", path);
+                return pp_error(PP_ERR_FORMAT,
+                                "%s: \"eos_token_id\" must be an integer or a list "
+                                "of integers",
+                                path);
             pp_model_config_add_eos(c, json_integer_value(e));
         }
         return PP_OK;
@@ -153,7 +146,8 @@ static pp_status parse_rope_scaling(json_t *root, const char *path, struct pp_ro
     if ((st = get_num(rs, path, "factor", &r->factor)) != PP_OK ||
         (st = get_num(rs, path, "low_freq_factor", &r->low_freq_factor)) != PP_OK ||
         (st = get_num(rs, path, "high_freq_factor", &r->high_freq_factor)) != PP_OK ||
-        (st = get_int(rs, path, "original_max_position_embeddings", 0, &r->original_context)) != PP_OK)
+        (st = get_int(rs, path, "original_max_position_embeddings", 0, &r->original_context)) !=
+            PP_OK)
         return st;
     return PP_OK;
 }
@@ -224,10 +218,12 @@ static pp_status load_index(struct pp_hf_checkpoint *h)
     if (stat(path, &sb) != 0) {
         snprintf(path, sizeof(path), "%s/model.safetensors", h->dir);
         if (stat(path, &sb) != 0)
-            return pp_error(PP_ERR_IO, "%s: neither model.safetensors nor "
-                            "model.safetensors.index.json is present", h->dir);
+            return pp_error(PP_ERR_IO,
+                            "%s: neither model.safetensors nor "
+                            "model.safetensors.index.json is present",
+                            h->dir);
         h->shards = pp_calloc(PP_MEM_MISC, 1, sizeof(*h->shards));
-        if (!h->shards || !(h->shards[0].file = dup_str("model.safetensors")))
+        if (!h->shards || !(h->shards[0].file = pp_strdup(PP_MEM_MISC, "model.safetensors")))
             return PP_ERR_NOMEM;
         h->n_shards = 1;
         return PP_OK;
@@ -259,7 +255,7 @@ static pp_status load_index(struct pp_hf_checkpoint *h)
         int seen = 0;
         for (int i = 0; i < h->n_shards && !seen; i++)
             seen = strcmp(h->shards[i].file, f) == 0;
-        if (!seen && !(h->shards[h->n_shards++].file = dup_str(f)))
+        if (!seen && !(h->shards[h->n_shards++].file = pp_strdup(PP_MEM_MISC, f)))
             return PP_ERR_NOMEM;
     }
     return PP_OK;
@@ -334,13 +330,17 @@ pp_status pp_hf_tensor(struct pp_hf_checkpoint *h, const char *name, const struc
     const struct pp_safetensors_entry *e = pp_safetensors_find(sh->st, name);
     if (!e) {
         if (h->weight_map)
-            return pp_error(PP_ERR_FORMAT, "%s/%s: the index lists tensor %s here but the file "
-                            "does not hold it", h->dir, sh->file, name);
+            return pp_error(PP_ERR_FORMAT,
+                            "%s/%s: the index lists tensor %s here but the file "
+                            "does not hold it",
+                            h->dir, sh->file, name);
         return PP_ERR_NOT_FOUND;
     }
     if (!e->supported)
-        return pp_error(PP_ERR_UNSUPPORTED, "%s/%s: tensor %s has dtype %s (supported: F32, F16, "
-                        "BF16)", h->dir, sh->file, name, e->dtype_name);
+        return pp_error(PP_ERR_UNSUPPORTED,
+                        "%s/%s: tensor %s has dtype %s (supported: F32, F16, "
+                        "BF16)",
+                        h->dir, sh->file, name, e->dtype_name);
     *out = &e->t;
     return PP_OK;
 }

@@ -10,15 +10,6 @@
 
 #define MAX_HEADER (100 * 1024 * 1024)
 
-static char *dup_str(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = pp_alloc(PP_MEM_MISC, n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
-
 static int dtype_of(const char *name, enum pp_dtype *out)
 {
     if (strcmp(name, "F32") == 0)
@@ -44,7 +35,7 @@ static pp_status parse_entry(struct pp_safetensors *s, const char *name, json_t 
                         "%s: tensor %s: expected {\"dtype\": string, \"shape\": [..], "
                         "\"data_offsets\": [begin, end]}",
                         s->path, name);
-    if (!(e->name = dup_str(name)))
+    if (!(e->name = pp_strdup(PP_MEM_MISC, name)))
         return PP_ERR_NOMEM;
     snprintf(e->dtype_name, sizeof(e->dtype_name), "%s", json_string_value(dt));
     e->supported = dtype_of(e->dtype_name, &e->t.dtype);
@@ -142,7 +133,7 @@ pp_status pp_safetensors_open(const char *path, struct pp_safetensors **out)
     struct pp_safetensors *s = pp_calloc(PP_MEM_MISC, 1, sizeof(*s));
     if (!s)
         return PP_ERR_NOMEM;
-    s->path = dup_str(path);
+    s->path = pp_strdup(PP_MEM_MISC, path);
     pp_status st = s->path ? pp_mapped_file_open(path, &s->file) : PP_ERR_NOMEM;
     if (st == PP_OK)
         st = parse(s);

@@ -76,16 +76,6 @@ static int utf8_len(unsigned char c)
     return c < 0xc0 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
 }
 
-static char *dup_str(const char *s, size_t n)
-{
-    char *p = pp_alloc(PP_MEM_MISC, n + 1);
-    if (p) {
-        memcpy(p, s, n);
-        p[n] = '\0';
-    }
-    return p;
-}
-
 /* The corpus with spaces as U+2581 and one prepended. */
 static char *normalize(void)
 {
@@ -174,7 +164,8 @@ static pp_status add_chars(struct trainer *t, const char *text)
         n_uniq++;
     }
     for (int k = 0; k < n_uniq; k++) {
-        pp_status st = add_token(t, dup_str(uniq[k], (size_t)uniq_len[k]), PP__TOK_NORMAL);
+        pp_status st =
+            add_token(t, pp_strndup(PP_MEM_MISC, uniq[k], (size_t)uniq_len[k]), PP__TOK_NORMAL);
         if (st)
             return st;
     }
@@ -267,12 +258,12 @@ static pp_status add_fixed(struct trainer *t)
     static const int32_t special_types[3] = {PP__TOK_UNKNOWN, PP__TOK_CONTROL, PP__TOK_CONTROL};
     pp_status st;
     for (int i = 0; i < 3; i++)
-        if ((st = add_token(t, dup_str(specials[i], strlen(specials[i])), special_types[i])))
+        if ((st = add_token(t, pp_strdup(PP_MEM_MISC, specials[i]), special_types[i])))
             return st;
     for (int i = 0; i < 256; i++) {
         char name[8];
         snprintf(name, sizeof(name), "<0x%02X>", i);
-        if ((st = add_token(t, dup_str(name, strlen(name)), PP__TOK_BYTE)))
+        if ((st = add_token(t, pp_strdup(PP_MEM_MISC, name), PP__TOK_BYTE)))
             return st;
     }
     return PP_OK;
@@ -283,7 +274,7 @@ static pp_status add_extras(struct trainer *t, int32_t vocab_size)
     for (int32_t k = 0; t->n_tokens < vocab_size; k++) {
         char name[32];
         snprintf(name, sizeof(name), "<extra_%d>", k);
-        pp_status st = add_token(t, dup_str(name, strlen(name)), PP__TOK_UNUSED);
+        pp_status st = add_token(t, pp_strdup(PP_MEM_MISC, name), PP__TOK_UNUSED);
         if (st)
             return st;
     }

@@ -70,11 +70,8 @@ static pp_status alloc_vocab(struct pp_tokenizer *t, int32_t n)
 
 static pp_status set_piece(struct pp_tokenizer *t, int32_t id, const char *s, size_t n)
 {
-    t->piece[id] = pp_alloc(PP_MEM_MISC, n + 1);
-    if (!t->piece[id])
+    if (!(t->piece[id] = pp_strndup(PP_MEM_MISC, s, n)))
         return PP_ERR_NOMEM;
-    memcpy(t->piece[id], s, n);
-    t->piece[id][n] = '\0';
     t->len[id] = (int32_t)n;
     unsigned byte;
     char tail;
