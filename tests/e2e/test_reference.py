@@ -23,6 +23,8 @@ CASES = {
                                     "--kv-heads", "2", "--head-dim", "32", "--ffn", "96",
                                     "--vocab", "300", "--ctx", "128"),
     "sharded_hf": SMALL + ("--kv-heads", "2", "--shards", "3", "--seed", "17"),
+    "demo_shape_bf16_llama3": ("--shape", "demo", "--dtype", "bf16", "--rope-llama3", "--tied",
+                               "--ctx", "256", "--seed", "23"),
 }
 
 
