@@ -200,13 +200,13 @@ static pp_status place_tensors(struct pp_gguf *g, uint64_t data_start)
 
 static pp_status parse(struct pp_gguf *g)
 {
+    if (g->file.size < 4) /* also keeps an empty file's NULL map out of the cursor */
+        return pp_error(PP_ERR_FORMAT, "%s: %lld bytes is too short for a GGUF file", g->path,
+                        (long long)g->file.size);
     struct cursor c = {g->file.data, g->file.data + g->file.size, g->file.data, g->path};
     uint32_t magic;
     uint64_t n_tensors, n_kv;
     pp_status st;
-    if (g->file.size < 4)
-        return pp_error(PP_ERR_FORMAT, "%s: %lld bytes is too short for a GGUF file", g->path,
-                        (long long)g->file.size);
     if ((st = read_u32(&c, &magic, "the magic")) != PP_OK)
         return st;
     if (magic != GGUF_MAGIC)

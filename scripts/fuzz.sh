@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets in tests/fuzz with clang (ASan+UBSan) and runs each for SECONDS
+# (default 60), seeded with small synthetic models. Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-60}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(gguf safetensors)
+out=build-fuzz
+mkdir -p "$out"
+# the loaders need no compute kernels
+sources=(common/*.c kernels/dtype.c model/*.c)
+flags=(-std=c11 -D_GNU_SOURCE -DPP_HAVE_JANSSON -I. -g -O1 -ffp-contract=off
+       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+[ -x build/ppserve ] || bash scripts/build.sh
+for t in "${targets[@]}"; do
+    clang "${flags[@]}" -o "$out/fuzz_$t" "tests/fuzz/fuzz_$t.c" "${sources[@]}" \
+        $(pkg-config --cflags --libs jansson) -lm -lpthread
+    corpus="$out/corpus_$t"
+    mkdir -p "$corpus"
+    if [ -z "$(ls -A "$corpus")" ]; then
+        ./build/ppserve synth --out "$out/seed" --shape tiny --format both --ctx 64 >/dev/null
+        case $t in
+            gguf) cp "$out/seed/model.gguf" "$corpus/tiny.gguf" ;;
+            safetensors) cp "$out/seed/hf/model.safetensors" "$corpus/tiny.safetensors" ;;
+        esac
+    fi
+    echo "== fuzz_$t for ${secs}s =="
+    "$out/fuzz_$t" "$corpus" -max_total_time="$secs" -max_len=300000 -rss_limit_mb=4096 \
+        -print_final_stats=1 2>&1 | grep -E "stat::number_of_executed_units|stat::new_units_added|ERROR|SUMMARY|BINGO" || true
+done
