@@ -1,0 +1,83 @@
+/* The gRPC layer of the daemons and the CLI, over gRPC C core and protobuf-c. Everything gRPC-specific
+ * stays behind this header: servers with handlers that run on completion-queue threads, client
+ * channels, deadlines, explicit message-size limits, and the one mapping between pp_status and gRPC
+ * status codes.
+ *
+ * This first part covers unary methods (control plane, Tokenize, Status, health checks); the
+ * streaming data plane builds on the same server loop. */
+#ifndef PP_RPC_H
+#define PP_RPC_H
+
+#include <protobuf-c/protobuf-c.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/buf.h"
+#include "common/status.h"
+
+/* Message limits: activations travel in chunks of at most PP_RPC_CHUNK_BYTES, and every receive
+ * limit is set explicitly above that (gRPC's default of 4 MiB counts framing too). */
+#define PP_RPC_CHUNK_BYTES (1 << 20)
+#define PP_RPC_MAX_MESSAGE_BYTES (8 << 20)
+
+/* Reference-counted gRPC library start/stop; every server and channel holds one reference. */
+void pp_rpc_init(void);
+void pp_rpc_shutdown(void);
+
+/* The gRPC status code for a pp_status, and back. The one place they are mapped. */
+int pp_rpc_code_from_status(pp_status st);
+pp_status pp_rpc_status_from_code(int grpc_code);
+/* "OK", "INVALID_ARGUMENT", ... */
+const char *pp_rpc_code_name(int grpc_code);
+
+/* Packs msg into out (replacing its contents). */
+pp_status pp_rpc_pack(const ProtobufCMessage *msg, struct pp_buf *out);
+/* Unpacks bytes as desc; a malformed message is PP_ERR_FORMAT with a message naming the type.
+ * Free *out with protobuf_c_message_free_unpacked(*out, NULL). */
+pp_status pp_rpc_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
+                        ProtobufCMessage **out);
+
+/* ---- servers ------------------------------------------------------------------------------- */
+
+struct pp_rpc_server;
+
+/* A unary handler: req is the unpacked request; the handler packs its response into resp (e.g.
+ * with pp_rpc_pack of a message on its stack) and returns PP_OK, or returns an error whose
+ * pp_error_detail() becomes the status message. Runs on a completion-queue thread: keep it short. */
+typedef pp_status (*pp_rpc_unary_fn)(void *ud, const ProtobufCMessage *req, struct pp_buf *resp);
+
+struct pp_rpc_server_opts {
+    const char *listen;     /* "host:port"; port 0 picks a free port */
+    int threads;            /* completion-queue threads (default 1) */
+    int max_message_bytes;  /* receive and send limit (default PP_RPC_MAX_MESSAGE_BYTES) */
+};
+
+pp_status pp_rpc_server_new(const struct pp_rpc_server_opts *opts, struct pp_rpc_server **out);
+/* Registers "/package.Service/Method" with its request type. Before pp_rpc_server_start. */
+pp_status pp_rpc_server_add_unary(struct pp_rpc_server *s, const char *path,
+                                  const ProtobufCMessageDescriptor *req_desc, pp_rpc_unary_fn fn,
+                                  void *ud);
+/* Binds and starts serving; *port receives the bound port. */
+pp_status pp_rpc_server_start(struct pp_rpc_server *s, int *port);
+/* Stops accepting, lets calls in flight finish for up to grace_ms, cancels the rest, frees. */
+void pp_rpc_server_free(struct pp_rpc_server *s, int grace_ms);
+
+/* ---- clients ------------------------------------------------------------------------------- */
+
+struct pp_rpc_channel;
+
+/* A channel to "host:port" (insecure for now), with the message limit on both directions. */
+pp_status pp_rpc_channel_new(const char *target, struct pp_rpc_channel **out);
+void pp_rpc_channel_free(struct pp_rpc_channel *ch);
+
+/* A unary call with raw bytes. On a non-OK gRPC status returns the mapped pp_status with the
+ * detail "<method>: <CODE>: <server message>" and sets *code (when non-NULL). Thread-safe. */
+pp_status pp_rpc_call_raw(struct pp_rpc_channel *ch, const char *method, const uint8_t *req,
+                          size_t req_len, int64_t timeout_ms, struct pp_buf *resp, int *code);
+
+/* A unary call with protobuf-c messages; *resp is freed with protobuf_c_message_free_unpacked. */
+pp_status pp_rpc_call(struct pp_rpc_channel *ch, const char *method, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *resp_desc, int64_t timeout_ms,
+                      ProtobufCMessage **resp, int *code);
+
+#endif

@@ -1,0 +1,72 @@
+/* protobuf-c messages ⇄ bytes, and gRPC byte buffers ⇄ pp_buf. */
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <string.h>
+
+#include "common/rpc/rpc-impl.h"
+
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static int init_refs;
+
+void pp_rpc_init(void)
+{
+    pthread_mutex_lock(&init_mu);
+    if (init_refs++ == 0)
+        grpc_init();
+    pthread_mutex_unlock(&init_mu);
+}
+
+void pp_rpc_shutdown(void)
+{
+    pthread_mutex_lock(&init_mu);
+    if (--init_refs == 0)
+        grpc_shutdown();
+    pthread_mutex_unlock(&init_mu);
+}
+
+pp_status pp_rpc_pack(const ProtobufCMessage *msg, struct pp_buf *out)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    out->len = 0;
+    if (!pp_buf_reserve(out, n))
+        return pp_error(PP_ERR_NOMEM, "no memory for a %zu-byte %s", n, msg->descriptor->name);
+    protobuf_c_message_pack(msg, (uint8_t *)out->data);
+    out->len = n;
+    return PP_OK;
+}
+
+pp_status pp_rpc_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
+                        ProtobufCMessage **out)
+{
+    *out = protobuf_c_message_unpack(desc, NULL, len, data);
+    if (!*out)
+        return pp_error(PP_ERR_FORMAT, "malformed %s message (%zu bytes)", desc->name, len);
+    return PP_OK;
+}
+
+grpc_byte_buffer *pp__rpc_buffer_from(const void *data, size_t len)
+{
+    grpc_slice s = grpc_slice_from_copied_buffer(data, len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+pp_status pp__rpc_buffer_read(grpc_byte_buffer *bb, struct pp_buf *out)
+{
+    out->len = 0;
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return pp_error(PP_ERR_FORMAT, "unreadable message (bad compression?)");
+    grpc_slice s;
+    pp_status st = PP_OK;
+    while (grpc_byte_buffer_reader_next(&r, &s)) {
+        pp_buf_put(out, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
+        grpc_slice_unref(s);
+    }
+    grpc_byte_buffer_reader_destroy(&r);
+    if (out->failed)
+        st = pp_error(PP_ERR_NOMEM, "no memory for an incoming message");
+    return st;
+}
