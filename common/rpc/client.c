@@ -25,9 +25,8 @@ pp_status pp_rpc_channel_new(const char *target, struct pp_rpc_channel **out)
         return PP_ERR_NOMEM;
     snprintf(c->target, sizeof(c->target), "%s", target);
     pp_rpc_init();
-    grpc_arg args[2];
-    pp__rpc_limit_args(args, PP_RPC_MAX_MESSAGE_BYTES);
-    grpc_channel_args ca = {2, args};
+    grpc_arg args[PP_RPC_N_ARGS];
+    grpc_channel_args ca = {(size_t)pp__rpc_channel_args(args, PP_RPC_MAX_MESSAGE_BYTES, 0), args};
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(target, creds, &ca);
     grpc_channel_credentials_release(creds);
@@ -132,4 +131,9 @@ pp_status pp_rpc_call(struct pp_rpc_channel *c, const char *method, const Protob
     pp_buf_free(&in);
     pp_buf_free(&out);
     return st;
+}
+
+grpc_channel *pp__rpc_channel_handle(struct pp_rpc_channel *ch)
+{
+    return ch->ch;
 }

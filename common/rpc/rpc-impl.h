@@ -19,7 +19,18 @@ grpc_byte_buffer *pp__rpc_buffer_from(const void *data, size_t len);
 /* Appends all of bb to out (emptied first). */
 pp_status pp__rpc_buffer_read(grpc_byte_buffer *bb, struct pp_buf *out);
 
-/* Channel args that set both message limits. args must hold 2 entries. */
-void pp__rpc_limit_args(grpc_arg *args, int max_bytes);
+/* Channel args: both message limits and keepalive (pings every 10 s, 5 s to answer, also without
+ * calls) so that a dead or hung peer is noticed within seconds on long-lived streams. Servers also
+ * accept pings that often. args must hold PP_RPC_N_ARGS entries; returns how many were set. */
+#define PP_RPC_N_ARGS 8
+int pp__rpc_channel_args(grpc_arg *args, int max_bytes, int server);
+
+/* The process-wide completion queue (and its thread) that client streams use. */
+grpc_completion_queue *pp__rpc_client_cq(void);
+grpc_channel *pp__rpc_channel_handle(struct pp_rpc_channel *ch);
+
+/* Serves a new streaming call (server.c hands it over); takes the call's reference. */
+int pp__rpc_stream_serve(grpc_call *call, pp_rpc_stream_open_fn open,
+                         const struct pp_rpc_stream_cbs *cbs, void *ud);
 
 #endif

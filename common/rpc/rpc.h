@@ -80,4 +80,49 @@ pp_status pp_rpc_call(struct pp_rpc_channel *ch, const char *method, const Proto
                       const ProtobufCMessageDescriptor *resp_desc, int64_t timeout_ms,
                       ProtobufCMessage **resp, int *code);
 
+/* ---- streams ------------------------------------------------------------------------------ */
+
+/* One side of a streaming call, server or client. Messages are raw bytes (pack with pp_rpc_pack).
+ * Sends may come from any thread: they are queued and written one at a time in order. Callbacks
+ * run on completion-queue threads, one at a time per stream; keep them short. */
+struct pp_rpc_stream;
+
+struct pp_rpc_stream_cbs {
+    /* A message from the peer. */
+    void (*on_message)(void *ud, struct pp_rpc_stream *st, const uint8_t *data, size_t len);
+    /* The peer will send nothing more (its half-close); the stream may still send. Optional. */
+    void (*on_half_close)(void *ud, struct pp_rpc_stream *st);
+    /* The call is over: PP_OK, or why (the peer cancelled or went away, a deadline, a status the
+     * server sent, with the detail in pp_error_detail()). The last callback of a stream. */
+    void (*on_end)(void *ud, struct pp_rpc_stream *st, pp_status status);
+};
+
+/* A server-streaming or bidirectional method. on_open runs when a call arrives and returns the
+ * callbacks' user data (NULL refuses the call with the detail of pp_error_detail()); the stream
+ * holds a reference for the application until pp_rpc_stream_release. */
+typedef void *(*pp_rpc_stream_open_fn)(void *ud, struct pp_rpc_stream *st);
+pp_status pp_rpc_server_add_stream(struct pp_rpc_server *s, const char *path,
+                                   pp_rpc_stream_open_fn open, const struct pp_rpc_stream_cbs *cbs,
+                                   void *ud);
+
+/* Opens a client stream on ch; timeout_ms <= 0 means no deadline (long-lived hops, which rely on
+ * keepalive). The caller holds a reference until pp_rpc_stream_release. Free the channel only after
+ * its streams have ended (on_end). */
+pp_status pp_rpc_stream_open(struct pp_rpc_channel *ch, const char *method, int64_t timeout_ms,
+                             const struct pp_rpc_stream_cbs *cbs, void *ud,
+                             struct pp_rpc_stream **out);
+
+/* Queues a message (copied). PP_ERR_IO once the stream has ended or was finished. */
+pp_status pp_rpc_stream_send(struct pp_rpc_stream *st, const void *data, size_t len);
+/* Client: no more messages from this side, after the queued ones. */
+void pp_rpc_stream_close_send(struct pp_rpc_stream *st);
+/* Server: ends the call with a status after the queued messages (message: NULL for none). */
+void pp_rpc_stream_finish(struct pp_rpc_stream *st, pp_status status, const char *message);
+/* Either side: abandon the call now; the peer sees CANCELLED. */
+void pp_rpc_stream_cancel(struct pp_rpc_stream *st);
+/* Messages queued but not yet written (for backpressure). */
+size_t pp_rpc_stream_queued(struct pp_rpc_stream *st);
+/* Drops the application's reference; the stream is freed once the call is over too. */
+void pp_rpc_stream_release(struct pp_rpc_stream *st);
+
 #endif

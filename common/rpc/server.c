@@ -20,8 +20,10 @@
 
 struct method {
     char *path;
-    const ProtobufCMessageDescriptor *req_desc;
-    pp_rpc_unary_fn fn;
+    const ProtobufCMessageDescriptor *req_desc; /* unary */
+    pp_rpc_unary_fn fn;                         /* unary */
+    pp_rpc_stream_open_fn open;                 /* streaming */
+    const struct pp_rpc_stream_cbs *cbs;        /* streaming */
     void *ud;
     void *registered; /* handle from grpc_server_register_method */
 };
@@ -95,7 +97,8 @@ static int post_request(struct pp_rpc_server *s, struct method *m)
     grpc_call_error e;
     if (m) {
         e = grpc_server_request_registered_call(s->server, m->registered, &c->call, &c->deadline,
-                                                &c->md, &c->payload, s->cq, s->cq, &c->arrived);
+                                                &c->md, m->open ? NULL : &c->payload, s->cq,
+                                                s->cq, &c->arrived);
     } else {
         grpc_call_details_init(&c->details);
         e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq, s->cq,
@@ -160,6 +163,12 @@ static void on_arrived(struct pp_rpc_tag *tag, int ok)
     }
     if (!atomic_load(&s->stopping))
         post_request(s, c->m); /* keep accepting while this one runs */
+    if (c->m && c->m->open) {
+        pp__rpc_stream_serve(c->call, c->m->open, c->m->cbs, c->m->ud);
+        c->call = NULL; /* the stream owns it now */
+        call_free(c);
+        return;
+    }
     int code = handle(c);
     grpc_op ops[4];
     memset(ops, 0, sizeof(ops));
@@ -217,14 +226,30 @@ static void *cq_loop(void *arg)
     return NULL;
 }
 
-void pp__rpc_limit_args(grpc_arg *args, int max_bytes)
+int pp__rpc_channel_args(grpc_arg *args, int max_bytes, int server)
 {
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = max_bytes;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = max_bytes;
+    struct {
+        const char *key;
+        int value;
+    } kv[] = {
+        {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_bytes},
+        {GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, max_bytes},
+        {GRPC_ARG_KEEPALIVE_TIME_MS, 10000},
+        {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000},
+        {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+        {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0},
+        {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000},
+    };
+    int n = 0;
+    for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++) {
+        if (!server && i == 6)
+            continue; /* a server-side setting */
+        args[n].type = GRPC_ARG_INTEGER;
+        args[n].key = (char *)kv[i].key;
+        args[n].value.integer = kv[i].value;
+        n++;
+    }
+    return n;
 }
 
 pp_status pp_rpc_server_new(const struct pp_rpc_server_opts *opts, struct pp_rpc_server **out)
@@ -241,9 +266,8 @@ pp_status pp_rpc_server_new(const struct pp_rpc_server_opts *opts, struct pp_rpc
     pthread_cond_init(&s->cv, NULL);
     s->shutdown_tag.fn = on_shutdown;
     pp_rpc_init();
-    grpc_arg args[2];
-    pp__rpc_limit_args(args, s->max_bytes);
-    grpc_channel_args ca = {2, args};
+    grpc_arg args[PP_RPC_N_ARGS];
+    grpc_channel_args ca = {(size_t)pp__rpc_channel_args(args, s->max_bytes, 1), args};
     s->server = grpc_server_create(&ca, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
@@ -265,13 +289,27 @@ pp_status pp_rpc_server_add_unary(struct pp_rpc_server *s, const char *path,
     m->fn = fn;
     m->ud = ud;
     m->registered = grpc_server_register_method(s->server, m->path, NULL,
-                                                GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+                                                fn ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER
+                                                   : GRPC_SRM_PAYLOAD_NONE,
+                                                0);
     if (!m->registered) {
         pp_free(PP_MEM_RPC, m->path);
         return pp_error(PP_ERR_INVALID_ARG, "rpc server: could not register %s", path);
     }
     s->n_methods++;
     return PP_OK;
+}
+
+pp_status pp_rpc_server_add_stream(struct pp_rpc_server *s, const char *path,
+                                   pp_rpc_stream_open_fn open, const struct pp_rpc_stream_cbs *cbs,
+                                   void *ud)
+{
+    pp_status st = pp_rpc_server_add_unary(s, path, NULL, NULL, ud);
+    if (st == PP_OK) {
+        s->methods[s->n_methods - 1].open = open;
+        s->methods[s->n_methods - 1].cbs = cbs;
+    }
+    return st;
 }
 
 pp_status pp_rpc_server_start(struct pp_rpc_server *s, int *port)

@@ -2,27 +2,64 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/support/time.h>
 #include <string.h>
+
+#include "common/log.h"
 
 #include "common/rpc/rpc-impl.h"
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int init_refs;
+static grpc_completion_queue *client_cq;
+static pthread_t client_thread;
+
+static void *client_loop(void *arg)
+{
+    grpc_completion_queue *cq = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type == GRPC_OP_COMPLETE)
+            ((struct pp_rpc_tag *)ev.tag)->fn(ev.tag, ev.success);
+    }
+    return NULL;
+}
 
 void pp_rpc_init(void)
 {
     pthread_mutex_lock(&init_mu);
-    if (init_refs++ == 0)
+    if (init_refs++ == 0) {
         grpc_init();
+        client_cq = grpc_completion_queue_create_for_next(NULL);
+        if (pthread_create(&client_thread, NULL, client_loop, client_cq) != 0)
+            PP_ERROR("rpc: cannot start the client completion-queue thread");
+    }
     pthread_mutex_unlock(&init_mu);
 }
 
 void pp_rpc_shutdown(void)
 {
     pthread_mutex_lock(&init_mu);
-    if (--init_refs == 0)
-        grpc_shutdown();
+    int last = --init_refs == 0;
     pthread_mutex_unlock(&init_mu);
+    if (!last)
+        return;
+    /* streams hold references, so no client call is left on the queue */
+    grpc_completion_queue_shutdown(client_cq);
+    if (!pthread_equal(pthread_self(), client_thread))
+        pthread_join(client_thread, NULL);
+    else
+        pthread_detach(client_thread);
+    grpc_completion_queue_destroy(client_cq);
+    client_cq = NULL;
+    grpc_shutdown();
+}
+
+grpc_completion_queue *pp__rpc_client_cq(void)
+{
+    return client_cq;
 }
 
 pp_status pp_rpc_pack(const ProtobufCMessage *msg, struct pp_buf *out)

@@ -1,0 +1,274 @@
+/* Streaming calls over real loopback sockets: a server stream of many messages in order, a
+ * bidirectional echo with large messages, a client that goes away (the server notices), a server
+ * that refuses or fails a stream (the client sees the status and message), and a deadline. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/rpc/rpc.h"
+#include "testutil.h"
+
+/* ---- the server side: "/t.T/Count" streams N numbered messages back for a request "N";
+ * "/t.T/Echo" echoes every message, and ends OK on the client's half-close. */
+
+struct server_state {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ended;
+    pp_status end_status;
+};
+
+static struct server_state sv = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, PP_OK};
+
+static void *open_stream(void *ud, struct pp_rpc_stream *st)
+{
+    (void)st;
+    if (ud == (void *)2) {
+        pp_error(PP_ERR_EXHAUSTED, "queue full (64 requests waiting)");
+        return NULL;
+    }
+    return ud;
+}
+
+static void count_msg(void *ud, struct pp_rpc_stream *st, const uint8_t *data, size_t len)
+{
+    (void)ud;
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%.*s", (int)len, (const char *)data);
+    int n = atoi(buf);
+    if (n < 0) {
+        pp_rpc_stream_finish(st, PP_ERR_INVALID_ARG, "count must be >= 0");
+        return;
+    }
+    if (n == 999) /* never finishes: the client must give up or cancel */
+        return;
+    for (int i = 0; i < n; i++) {
+        snprintf(buf, sizeof(buf), "%d", i);
+        pp_rpc_stream_send(st, buf, strlen(buf));
+    }
+    pp_rpc_stream_finish(st, PP_OK, NULL);
+}
+
+static void echo_msg(void *ud, struct pp_rpc_stream *st, const uint8_t *data, size_t len)
+{
+    (void)ud;
+    pp_rpc_stream_send(st, data, len);
+}
+
+static void echo_half_close(void *ud, struct pp_rpc_stream *st)
+{
+    (void)ud;
+    pp_rpc_stream_finish(st, PP_OK, NULL);
+}
+
+static void server_end(void *ud, struct pp_rpc_stream *st, pp_status status)
+{
+    (void)ud;
+    pthread_mutex_lock(&sv.mu);
+    sv.ended++;
+    sv.end_status = status;
+    pthread_cond_broadcast(&sv.cv);
+    pthread_mutex_unlock(&sv.mu);
+    pp_rpc_stream_release(st);
+}
+
+static const struct pp_rpc_stream_cbs count_cbs = {count_msg, NULL, server_end};
+static const struct pp_rpc_stream_cbs echo_cbs = {echo_msg, echo_half_close, server_end};
+
+/* ---- the client side: collects what arrives */
+
+struct collector {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n;
+    size_t bytes;
+    int in_order;
+    int done;
+    pp_status status;
+    char detail[256];
+};
+
+static void collect_msg(void *ud, struct pp_rpc_stream *st, const uint8_t *data, size_t len)
+{
+    (void)st;
+    struct collector *c = ud;
+    pthread_mutex_lock(&c->mu);
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%.*s", (int)(len < 31 ? len : 31), (const char *)data);
+    if (len < 16 && atoi(buf) != c->n)
+        c->in_order = 0;
+    c->n++;
+    c->bytes += len;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void collect_end(void *ud, struct pp_rpc_stream *st, pp_status status)
+{
+    (void)st;
+    struct collector *c = ud;
+    pthread_mutex_lock(&c->mu);
+    c->done = 1;
+    c->status = status;
+    snprintf(c->detail, sizeof(c->detail), "%s", status != PP_OK ? pp_error_detail() : "");
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static const struct pp_rpc_stream_cbs collect_cbs = {collect_msg, NULL, collect_end};
+
+static void wait_done(struct collector *c)
+{
+    pthread_mutex_lock(&c->mu);
+    while (!c->done)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void wait_server_end(int n)
+{
+    pthread_mutex_lock(&sv.mu);
+    while (sv.ended < n)
+        pthread_cond_wait(&sv.cv, &sv.mu);
+    pthread_mutex_unlock(&sv.mu);
+}
+
+static struct pp_rpc_server *srv;
+static struct pp_rpc_channel *ch;
+
+static int setup(void **state)
+{
+    (void)state;
+    struct pp_rpc_server_opts o = {"127.0.0.1:0", 2, 0};
+    int port;
+    if (pp_rpc_server_new(&o, &srv) != PP_OK ||
+        pp_rpc_server_add_stream(srv, "/t.T/Count", open_stream, &count_cbs, (void *)1) ||
+        pp_rpc_server_add_stream(srv, "/t.T/Echo", open_stream, &echo_cbs, (void *)1) ||
+        pp_rpc_server_add_stream(srv, "/t.T/Full", open_stream, &count_cbs, (void *)2) ||
+        pp_rpc_server_start(srv, &port) != PP_OK)
+        return -1;
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", port);
+    return pp_rpc_channel_new(target, &ch) == PP_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    pp_rpc_channel_free(ch);
+    pp_rpc_server_free(srv, 1000);
+    return 0;
+}
+
+static void init_collector(struct collector *c)
+{
+    memset(c, 0, sizeof(*c));
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->in_order = 1;
+}
+
+static void test_server_stream_in_order(void **state)
+{
+    (void)state;
+    struct collector c;
+    init_collector(&c);
+    struct pp_rpc_stream *st;
+    int ended_before = sv.ended;
+    assert_int_equal(pp_rpc_stream_open(ch, "/t.T/Count", 10000, &collect_cbs, &c, &st), PP_OK);
+    assert_int_equal(pp_rpc_stream_send(st, "2000", 4), PP_OK);
+    pp_rpc_stream_close_send(st);
+    wait_done(&c);
+    assert_int_equal(c.status, PP_OK);
+    assert_int_equal(c.n, 2000);
+    assert_true(c.in_order);
+    pp_rpc_stream_release(st);
+    wait_server_end(ended_before + 1);
+}
+
+static void test_bidi_echo_large(void **state)
+{
+    (void)state;
+    struct collector c;
+    init_collector(&c);
+    struct pp_rpc_stream *st;
+    assert_int_equal(pp_rpc_stream_open(ch, "/t.T/Echo", 30000, &collect_cbs, &c, &st), PP_OK);
+    size_t len = PP_RPC_CHUNK_BYTES; /* a full activation chunk */
+    char *big = malloc(len);
+    memset(big, 'x', len);
+    for (int i = 0; i < 24; i++)
+        assert_int_equal(pp_rpc_stream_send(st, big, len), PP_OK);
+    pp_rpc_stream_close_send(st);
+    wait_done(&c);
+    assert_int_equal(c.status, PP_OK);
+    assert_int_equal(c.n, 24);
+    assert_int_equal(c.bytes, 24 * len);
+    free(big);
+    pp_rpc_stream_release(st);
+}
+
+static void test_client_goes_away(void **state)
+{
+    (void)state;
+    struct collector c;
+    init_collector(&c);
+    struct pp_rpc_stream *st;
+    int ended_before = sv.ended;
+    assert_int_equal(pp_rpc_stream_open(ch, "/t.T/Count", 0, &collect_cbs, &c, &st), PP_OK);
+    pp_rpc_stream_send(st, "999", 3);
+    usleep(200 * 1000);
+    pp_rpc_stream_cancel(st);
+    wait_done(&c);
+    assert_int_not_equal(c.status, PP_OK);
+    wait_server_end(ended_before + 1); /* the server noticed */
+    assert_int_equal(sv.end_status, PP_ERR_IO);
+    pp_rpc_stream_release(st);
+}
+
+static void test_refused_and_failed_streams(void **state)
+{
+    (void)state;
+    struct collector c;
+    init_collector(&c);
+    struct pp_rpc_stream *st;
+    assert_int_equal(pp_rpc_stream_open(ch, "/t.T/Full", 5000, &collect_cbs, &c, &st), PP_OK);
+    wait_done(&c);
+    assert_int_equal(c.status, PP_ERR_IO); /* UNAVAILABLE */
+    assert_non_null(strstr(c.detail, "queue full"));
+    pp_rpc_stream_release(st);
+
+    init_collector(&c);
+    assert_int_equal(pp_rpc_stream_open(ch, "/t.T/Count", 5000, &collect_cbs, &c, &st), PP_OK);
+    pp_rpc_stream_send(st, "-1", 2);
+    wait_done(&c);
+    assert_int_equal(c.status, PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(c.detail, "INVALID_ARGUMENT: count must be >= 0"));
+    assert_int_equal(pp_rpc_stream_send(st, "1", 1), PP_ERR_IO); /* ended */
+    pp_rpc_stream_release(st);
+}
+
+static void test_deadline(void **state)
+{
+    (void)state;
+    struct collector c;
+    init_collector(&c);
+    struct pp_rpc_stream *st;
+    assert_int_equal(pp_rpc_stream_open(ch, "/t.T/Count", 300, &collect_cbs, &c, &st), PP_OK);
+    pp_rpc_stream_send(st, "999", 3);
+    wait_done(&c);
+    assert_non_null(strstr(c.detail, "DEADLINE_EXCEEDED"));
+    pp_rpc_stream_release(st);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_server_stream_in_order),
+        cmocka_unit_test(test_bidi_echo_large),
+        cmocka_unit_test(test_client_goes_away),
+        cmocka_unit_test(test_refused_and_failed_streams),
+        cmocka_unit_test(test_deadline),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
