@@ -5,6 +5,7 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "common/fs.h"
 #include "model/synth.h"
 
 int pp_cmd_synth(int argc, char **argv)
@@ -12,6 +13,7 @@ int pp_cmd_synth(int argc, char **argv)
     struct pp_synth_spec s;
     pp_synth_spec_defaults(&s);
     const char *out = NULL, *shape = NULL, *dtype = NULL, *format = "gguf", *arch = NULL;
+    const char *tokenizer = "spm";
     int help = 0, tied = 0, llama3 = 0;
     int32_t qkv_bias = -1;
     uint64_t seed = 0;
@@ -38,6 +40,8 @@ int pp_cmd_synth(int argc, char **argv)
         {"norm-eps", PP_ARG_FLOAT, &sz.norm_eps, 1e-12, 0.1, "RMSNorm epsilon (default 1e-5, qwen2 1e-6)"},
         {"sliding-window", PP_ARG_INT, &sz.sliding_window, 0, 1 << 24, "mistral sliding window"},
         {"shards", PP_ARG_INT, &sz.shards, 1, 1000, "HF safetensors shards (default 1)"},
+        {"tokenizer", PP_ARG_STRING, &tokenizer, 0, 0,
+         "spm | bpe (byte-level, Llama 3 style) (default spm)"},
         {"help", PP_ARG_FLAG, &help, 0, 0, "show this help"},
     };
     int n = (int)(sizeof(args) / sizeof(args[0]));
@@ -100,6 +104,14 @@ int pp_cmd_synth(int argc, char **argv)
         s.rope_llama3 = 1;
     if (qkv_bias >= 0)
         s.qkv_bias = qkv_bias;
+    if (strcmp(tokenizer, "spm") == 0) {
+        s.tokenizer = PP_SYNTH_TOKENIZER_SPM;
+    } else if (strcmp(tokenizer, "bpe") == 0) {
+        s.tokenizer = PP_SYNTH_TOKENIZER_BPE;
+    } else {
+        fprintf(stderr, "ppserve synth: --tokenizer: expected spm or bpe, got '%s'\n", tokenizer);
+        return 2;
+    }
     int gguf = strcmp(format, "gguf") == 0 || strcmp(format, "both") == 0;
     int hf = strcmp(format, "hf") == 0 || strcmp(format, "both") == 0;
     if (!gguf && !hf) {
@@ -109,13 +121,8 @@ int pp_cmd_synth(int argc, char **argv)
     pp_status st = pp_synth_validate(&s);
     if (st != PP_OK)
         return pp_cli_fail("synth", st);
-    if (mkdir(out, 0755) != 0) {
-        struct stat sb;
-        if (stat(out, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-            fprintf(stderr, "ppserve synth: error: cannot create folder %s\n", out);
-            return 1;
-        }
-    }
+    if ((st = pp_mkdirs(out)) != PP_OK)
+        return pp_cli_fail("synth", st);
     char path[4096];
     if (gguf) {
         snprintf(path, sizeof(path), "%s/model.gguf", out);

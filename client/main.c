@@ -15,6 +15,8 @@ struct command {
 static const struct command commands[] = {
     {"run", pp_cmd_run, "generate from a model in this process"},
     {"synth", pp_cmd_synth, "write a synthetic model (GGUF and/or HF) for demos and tests"},
+    {"tokenize", pp_cmd_tokenize, "print the token ids of a text (or --bench a file's MB/s)"},
+    {"detokenize", pp_cmd_detokenize, "print the text of token ids"},
     {"devices", pp_cmd_devices, "list the compute devices this build can use"},
 };
 

@@ -97,6 +97,8 @@ enum pp__token_type {
 
 struct pp__synth_vocab {
     int32_t n;        /* = vocab_size */
+    int byte_level;   /* PP_SYNTH_TOKENIZER_BPE: tokens are in the GPT-2 byte alphabet */
+    int32_t bos, eos; /* special token ids */
     char **tokens;    /* [n] UTF-8 strings (spaces shown as U+2581) */
     float *scores;    /* [n] */
     int32_t *types;   /* [n] enum pp__token_type */
@@ -111,6 +113,14 @@ struct pp__synth_vocab {
 const char *pp__synth_corpus(void);
 /* Builds the vocabulary of vocab_size tokens (>= 300). Caller frees with pp__synth_vocab_free. */
 pp_status pp__synth_vocab_build(int32_t vocab_size, struct pp__synth_vocab *v);
+/* The vocabulary of the given kind. Byte-level BPE layout: ids 0..255 the bytes (GPT-2 alphabet,
+ * byte order), 256 <|begin_of_text|>, 257 <|end_of_text|> (control), then one token per learned
+ * merge (words split as the Llama 3 regex splits the corpus), then <|reserved_special_token_N|>
+ * (control) up to vocab_size. */
+pp_status pp__synth_vocab_build_kind(enum pp_synth_tokenizer kind, int32_t vocab_size,
+                                     struct pp__synth_vocab *v);
+/* BOS and EOS ids of a kind's vocabulary. */
+void pp__synth_vocab_specials(enum pp_synth_tokenizer kind, int32_t *bos, int32_t *eos);
 /* NULL-safe, safe on a half-built vocabulary. */
 void pp__synth_vocab_free(struct pp__synth_vocab *v);
 

@@ -117,7 +117,9 @@ static pp_status check_sizes(const struct pp_synth_spec *s)
         (st = check_range("max_context", s->max_context, 1, MAX_CONTEXT)) ||
         (st = check_range("sliding_window", s->sliding_window, 0, MAX_CONTEXT)) ||
         (st = check_range("qkv_bias", s->qkv_bias, -1, 1)) ||
-        (st = check_range("dtype", (int64_t)s->dtype, 0, PP_DTYPE_COUNT - 1)))
+        (st = check_range("dtype", (int64_t)s->dtype, 0, PP_DTYPE_COUNT - 1)) ||
+        (st = check_range("tokenizer", (int64_t)s->tokenizer, PP_SYNTH_TOKENIZER_SPM,
+                          PP_SYNTH_TOKENIZER_BPE)))
         return st;
     return PP_OK;
 }

@@ -6,8 +6,8 @@
  * downloads.
  *
  * Every weight is a pure function of (seed, HF tensor name, element index); the tokenizer is a
- * small SentencePiece-style BPE vocabulary trained on a built-in English text. Not thread-safe
- * across calls that write the same path; otherwise reentrant. */
+ * small SentencePiece-style or byte-level BPE vocabulary trained on a built-in English text.
+ * Not thread-safe across calls that write the same path; otherwise reentrant. */
 #ifndef PP_SYNTH_H
 #define PP_SYNTH_H
 
@@ -16,8 +16,18 @@
 #include "common/status.h"
 #include "kernels/dtype.h"
 
+/* The tokenizer written with the model, both trained on the built-in text. */
+enum pp_synth_tokenizer {
+    PP_SYNTH_TOKENIZER_SPM = 0, /* SentencePiece-style: GGUF llama; tokenizer.json with byte
+                                   fallback and the ▁ normalizer; BOS <s> = 1, EOS </s> = 2 */
+    PP_SYNTH_TOKENIZER_BPE,     /* byte-level BPE as Llama 3: GGUF gpt2 with merges and pre
+                                   llama-bpe; tokenizer.json with Split(Llama 3 regex) + ByteLevel;
+                                   BOS <|begin_of_text|> = 256, EOS <|end_of_text|> = 257 */
+};
+
 struct pp_synth_spec {
     char arch[16]; /* "llama", "mistral", "qwen2" */
+    enum pp_synth_tokenizer tokenizer; /* zeroed: SPM */
     int32_t dim, n_layers, n_heads, n_kv_heads;
     int32_t head_dim; /* 0 = dim / n_heads */
     int32_t ffn_dim, vocab_size, max_context;

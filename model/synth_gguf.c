@@ -3,6 +3,7 @@
  * with `llama.attention.sliding_window` added when set) stores q/k rows permuted for the
  * interleaved RoPE; "qwen2" stores them as HF does. 1-D tensors are F32 whatever the dtype. */
 #include <stdio.h>
+#include <string.h>
 
 #include "common/alloc.h"
 #include "model/synth-impl.h"
@@ -50,8 +51,47 @@ static void add_model_keys(struct pp__gguf_writer *w, const struct pp__synth_mod
 #undef KEY
 }
 
+/* Byte-level BPE as llama.cpp's converter writes Llama 3: model gpt2, merges, pre llama-bpe. */
+static void add_bpe_keys(struct pp__gguf_writer *w, const struct pp__synth_vocab *v)
+{
+    pp__gguf_add_str(w, "tokenizer.ggml.model", "gpt2");
+    pp__gguf_add_str(w, "tokenizer.ggml.pre", "llama-bpe");
+    pp__gguf_add_str_array(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens,
+                           (uint64_t)v->n);
+    pp__gguf_add_i32_array(w, "tokenizer.ggml.token_type", v->types, (uint64_t)v->n);
+    char **merges = pp_calloc(PP_MEM_MISC, (size_t)v->n_merges + 1, sizeof(char *));
+    int ok = merges != NULL;
+    for (int32_t k = 0; ok && k < v->n_merges; k++) {
+        const char *a = v->tokens[v->merges[2 * k]], *b = v->tokens[v->merges[2 * k + 1]];
+        size_t la = strlen(a), lb = strlen(b);
+        if (!(merges[k] = pp_alloc(PP_MEM_MISC, la + lb + 2))) {
+            ok = 0;
+            break;
+        }
+        memcpy(merges[k], a, la);
+        merges[k][la] = ' ';
+        memcpy(merges[k] + la + 1, b, lb + 1);
+    }
+    if (ok)
+        pp__gguf_add_str_array(w, "tokenizer.ggml.merges", (const char *const *)merges,
+                               (uint64_t)v->n_merges);
+    else
+        w->kv.failed = 1; /* reported by pp__gguf_begin as out of memory */
+    for (int32_t k = 0; merges && k < v->n_merges; k++)
+        pp_free(PP_MEM_MISC, merges[k]);
+    pp_free(PP_MEM_MISC, merges);
+    pp__gguf_add_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
+    pp__gguf_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos);
+    pp__gguf_add_bool(w, "tokenizer.ggml.add_bos_token", 1);
+    pp__gguf_add_bool(w, "tokenizer.ggml.add_eos_token", 0);
+}
+
 static void add_tokenizer_keys(struct pp__gguf_writer *w, const struct pp__synth_vocab *v)
 {
+    if (v->byte_level) {
+        add_bpe_keys(w, v);
+        return;
+    }
     pp__gguf_add_str(w, "tokenizer.ggml.model", "llama");
     pp__gguf_add_str_array(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens,
                            (uint64_t)v->n);
@@ -118,7 +158,7 @@ pp_status pp_synth_write_gguf(const struct pp_synth_spec *s, const char *path)
     if (st)
         return st;
     struct pp__synth_vocab v;
-    if ((st = pp__synth_vocab_build(m.s.vocab_size, &v)))
+    if ((st = pp__synth_vocab_build_kind(m.s.tokenizer, m.s.vocab_size, &v)))
         return st;
     struct pp__gguf_writer w;
     pp__gguf_init(&w);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/fs.h"
 #include "model/synth-impl.h"
 
 #define PATH_CAP 4096
@@ -16,29 +17,6 @@ static pp_status join(char *out, const char *dir, const char *name)
 {
     if ((size_t)snprintf(out, PATH_CAP, "%s/%s", dir, name) >= PATH_CAP)
         return pp_error(PP_ERR_INVALID_ARG, "synth: output path %s/%s too long", dir, name);
-    return PP_OK;
-}
-
-/* mkdir -p */
-static pp_status make_dirs(const char *dir)
-{
-    char p[PATH_CAP];
-    size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof(p))
-        return pp_error(PP_ERR_INVALID_ARG, "synth: bad output directory \"%s\"", dir);
-    memcpy(p, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (p[i] != '/' && p[i] != '\0')
-            continue;
-        char c = p[i];
-        p[i] = '\0';
-        struct stat sb;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST)
-            return pp_error(PP_ERR_IO, "%s: cannot create directory: %s", p, strerror(errno));
-        if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode))
-            return pp_error(PP_ERR_IO, "%s: exists and is not a directory", p);
-        p[i] = c;
-    }
     return PP_OK;
 }
 
@@ -190,7 +168,7 @@ static pp_status tokenizer_json(const void *arg, struct pp_buf *b)
 {
     const struct pp__synth_model *m = arg;
     struct pp__synth_vocab v;
-    pp_status st = pp__synth_vocab_build(m->s.vocab_size, &v);
+    pp_status st = pp__synth_vocab_build_kind(m->s.tokenizer, m->s.vocab_size, &v);
     if (!st)
         st = pp__synth_hf_tokenizer(&v, b);
     pp__synth_vocab_free(&v);
@@ -222,7 +200,7 @@ pp_status pp_synth_write_hf(const struct pp_synth_spec *s, const char *dir)
     if (!dir)
         return pp_error(PP_ERR_INVALID_ARG, "synth: output directory is NULL");
     /* config.json last, so a first write that fails leaves no folder that looks loadable */
-    if ((st = make_dirs(dir)) || (st = write_weights(&m, dir)) ||
+    if ((st = pp_mkdirs(dir)) || (st = write_weights(&m, dir)) ||
         (st = write_json(dir, "tokenizer.json", tokenizer_json, &m)) ||
         (st = write_json(dir, "tokenizer_config.json", tokenizer_config_json, &m)))
         return st;

@@ -52,13 +52,30 @@ pp_status pp__synth_hf_config(const struct pp__synth_model *m, struct pp_buf *b)
             pp_buf_puts(b, ",\n  \"sliding_window\": null");
     }
     pp_buf_printf(b, ",\n  \"tie_word_embeddings\": %s", s->tied ? "true" : "false");
-    pp_buf_puts(b, ",\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2");
+    int32_t bos, eos;
+    pp__synth_vocab_specials(s->tokenizer, &bos, &eos);
+    pp_buf_printf(b, ",\n  \"bos_token_id\": %d,\n  \"eos_token_id\": %d", bos, eos);
     pp_buf_printf(b, ",\n  \"torch_dtype\": \"%s\"\n}\n", torch_dtype(s->dtype));
     return PP_OK;
 }
 
 static void added_tokens(const struct pp__synth_vocab *v, struct pp_buf *b)
 {
+    if (v->byte_level) { /* every control token: the two specials and the reserved fillers */
+        pp_buf_puts(b, "  \"added_tokens\": [");
+        int first = 1;
+        for (int32_t id = 0; id < v->n; id++) {
+            if (v->types[id] != PP__TOK_CONTROL)
+                continue;
+            pp_buf_printf(b, "%s\n    {\"id\": %d, \"content\": ", first ? "" : ",", id);
+            pp__synth_json_cstr(b, v->tokens[id]);
+            pp_buf_puts(b, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+                             "\"normalized\": false, \"special\": true}");
+            first = 0;
+        }
+        pp_buf_puts(b, "\n  ],\n");
+        return;
+    }
     /* the specials and the unused filler tokens: special, so decoding drops them as GGUF readers
      * drop control and unused tokens */
     pp_buf_puts(b, "  \"added_tokens\": [");
@@ -95,9 +112,45 @@ static void pipeline(struct pp_buf *b)
                      "{\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]},\n");
 }
 
+/* The Llama 3 form of a byte-level BPE: Split by the Llama 3 regex, then ByteLevel without its own
+ * regex; BOS added by the post-processor template; ByteLevel decoder. */
+#define LLAMA3_REGEX_JSON                                                                          \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| "     \
+    "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+"
+
+static void byte_level_pipeline(struct pp_buf *b)
+{
+    pp_buf_puts(b, "  \"normalizer\": null,\n");
+    pp_buf_puts(b, "  \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": ["
+                     "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"" LLAMA3_REGEX_JSON "\"}, "
+                     "\"behavior\": \"Isolated\", \"invert\": false}, "
+                     "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+                     "\"trim_offsets\": true, \"use_regex\": false}]},\n");
+    pp_buf_puts(b, "  \"post_processor\": {\"type\": \"Sequence\", \"processors\": ["
+                     "{\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"trim_offsets\": "
+                     "false, \"use_regex\": true}, {\"type\": \"TemplateProcessing\", "
+                     "\"single\": [{\"SpecialToken\": {\"id\": \"<|begin_of_text|>\", "
+                     "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
+                     "\"pair\": [{\"SpecialToken\": {\"id\": \"<|begin_of_text|>\", "
+                     "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, "
+                     "{\"SpecialToken\": {\"id\": \"<|begin_of_text|>\", \"type_id\": 1}}, "
+                     "{\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}], "
+                     "\"special_tokens\": {\"<|begin_of_text|>\": {\"id\": "
+                     "\"<|begin_of_text|>\", \"ids\": [256], \"tokens\": "
+                     "[\"<|begin_of_text|>\"]}}}]},\n");
+    pp_buf_puts(b, "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
+                     "\"trim_offsets\": true, \"use_regex\": true},\n");
+}
+
 static void bpe_model(const struct pp__synth_vocab *v, struct pp_buf *b)
 {
-    pp_buf_puts(b,
+    if (v->byte_level)
+        pp_buf_puts(b, "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": "
+                         "null, \"continuing_subword_prefix\": null, \"end_of_word_suffix\": "
+                         "null, \"fuse_unk\": false, \"byte_fallback\": false, "
+                         "\"ignore_merges\": true,\n    \"vocab\": {");
+    else
+        pp_buf_puts(b,
                   "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": \"<unk>\", "
                   "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, "
                   "\"fuse_unk\": true, \"byte_fallback\": true,\n    \"vocab\": {");
@@ -128,7 +181,10 @@ pp_status pp__synth_hf_tokenizer(const struct pp__synth_vocab *v, struct pp_buf 
 {
     pp_buf_puts(b, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n");
     added_tokens(v, b);
-    pipeline(b);
+    if (v->byte_level)
+        byte_level_pipeline(b);
+    else
+        pipeline(b);
     bpe_model(v, b);
     pp_buf_puts(b, "}\n");
     return PP_OK;
@@ -136,6 +192,15 @@ pp_status pp__synth_hf_tokenizer(const struct pp__synth_vocab *v, struct pp_buf 
 
 pp_status pp__synth_hf_tokenizer_config(const struct pp__synth_model *m, struct pp_buf *b)
 {
+    if (m->s.tokenizer == PP_SYNTH_TOKENIZER_BPE) {
+        pp_buf_puts(b, "{\n  \"add_bos_token\": true,\n  \"add_eos_token\": false,\n"
+                         "  \"bos_token\": \"<|begin_of_text|>\",\n"
+                         "  \"eos_token\": \"<|end_of_text|>\",\n  \"pad_token\": null,\n"
+                         "  \"clean_up_tokenization_spaces\": true,\n");
+        pp_buf_printf(b, "  \"model_max_length\": %d,\n", m->s.max_context);
+        pp_buf_puts(b, "  \"tokenizer_class\": \"PreTrainedTokenizerFast\"\n}\n");
+        return PP_OK;
+    }
     pp_buf_puts(b, "{\n  \"add_bos_token\": true,\n  \"add_eos_token\": false,\n"
                      "  \"bos_token\": \"<s>\",\n  \"eos_token\": \"</s>\",\n"
                      "  \"unk_token\": \"<unk>\",\n  \"pad_token\": null,\n"

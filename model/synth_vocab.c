@@ -1,5 +1,7 @@
 /* The tokenizer vocabulary of a synthetic model, trained here on a built-in text so that the
- * files need nothing from outside: a SentencePiece-style BPE vocabulary with byte fallback.
+ * files need nothing from outside: a SentencePiece-style BPE vocabulary with byte fallback (the
+ * default, described here), or a byte-level BPE vocabulary in the Llama 3 form (layout in
+ * synth-impl.h; trained the same way on the corpus bytes, words cut as the Llama 3 regex cuts it).
  *
  * Layout: id 0 <unk> (unknown), 1 <s> (control, BOS), 2 </s> (control, EOS), 3..258 the byte
  * tokens <0x00>..<0xFF> (byte), then the single characters of the normalized corpus (spaces as
@@ -102,6 +104,7 @@ static char *normalize(void)
 
 struct trainer {
     struct pp__synth_vocab *v;
+    int32_t first;    /* the first id a merge may produce or match */
     int32_t n_tokens; /* tokens defined so far */
     int32_t *seq;     /* the corpus as token ids, -1 before each word */
     int64_t seq_len;
@@ -116,7 +119,7 @@ static int cmp_u64(const void *a, const void *b)
 
 static int32_t find_token(const struct trainer *t, const char *s)
 {
-    for (int32_t i = PP__VOCAB_FIRST_CHAR; i < t->n_tokens; i++)
+    for (int32_t i = t->first; i < t->n_tokens; i++)
         if (strcmp(t->v->tokens[i], s) == 0)
             return i;
     return -1;
@@ -291,7 +294,94 @@ static pp_status build(struct trainer *t, int32_t vocab_size, const char *text)
     return add_extras(t, vocab_size);
 }
 
+/* ---- byte-level BPE ---- */
+
+/* Byte b in the GPT-2 alphabet (see model/tokenizer_bytemap.c; repeated here so the writer does
+ * not depend on the reader). */
+static void byte_char(unsigned b, char out[3])
+{
+    unsigned cp = b <= 0x20 ? 256 + b : (b >= 0x7f && b <= 0xa0) ? 289 + (b - 0x7f)
+                  : b == 0xad ? 323 : b;
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = '\0';
+    } else {
+        out[0] = (char)(0xc0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3f));
+        out[2] = '\0';
+    }
+}
+
+static int is_letter(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+/* The corpus as byte ids with a -1 before each word, words cut as the Llama 3 pre-tokenizer cuts
+ * this ASCII text: [one non-letter]? letters | " "? punctuation | spaces. */
+static void bpe_words(struct trainer *t)
+{
+    const char *c = corpus;
+    size_t n = strlen(c);
+    int64_t j = 0;
+    for (size_t i = 0; i < n;) {
+        size_t e = i;
+        if (is_letter(c[e]) || (e + 1 < n && c[e] != '\n' && is_letter(c[e + 1]))) {
+            e += !is_letter(c[e]);
+            while (e < n && is_letter(c[e]))
+                e++;
+        } else if (c[e] != ' ' || (e + 1 < n && c[e + 1] != ' ')) {
+            e += c[e] == ' ';
+            while (e < n && c[e] != ' ' && !is_letter(c[e]))
+                e++;
+        } else {
+            while (e < n && c[e] == ' ')
+                e++;
+        }
+        t->seq[j++] = -1;
+        for (; i < e; i++)
+            t->seq[j++] = (uint8_t)c[i];
+    }
+    t->seq_len = j;
+}
+
+static pp_status build_bpe(struct trainer *t, int32_t vocab_size)
+{
+    pp_status st;
+    for (unsigned b = 0; b < 256; b++) {
+        char ch[3];
+        byte_char(b, ch);
+        if ((st = add_token(t, pp_strdup(PP_MEM_MISC, ch), PP__TOK_NORMAL)))
+            return st;
+    }
+    if ((st = add_token(t, pp_strdup(PP_MEM_MISC, "<|begin_of_text|>"), PP__TOK_CONTROL)) ||
+        (st = add_token(t, pp_strdup(PP_MEM_MISC, "<|end_of_text|>"), PP__TOK_CONTROL)))
+        return st;
+    bpe_words(t);
+    if ((st = train(t, vocab_size)))
+        return st;
+    for (int32_t k = 0; t->n_tokens < vocab_size; k++) {
+        char name[48];
+        snprintf(name, sizeof(name), "<|reserved_special_token_%d|>", k);
+        if ((st = add_token(t, pp_strdup(PP_MEM_MISC, name), PP__TOK_CONTROL)))
+            return st;
+    }
+    return PP_OK;
+}
+
+void pp__synth_vocab_specials(enum pp_synth_tokenizer kind, int32_t *bos, int32_t *eos)
+{
+    *bos = kind == PP_SYNTH_TOKENIZER_BPE ? 256 : 1;
+    *eos = kind == PP_SYNTH_TOKENIZER_BPE ? 257 : 2;
+}
+
 pp_status pp__synth_vocab_build(int32_t vocab_size, struct pp__synth_vocab *v)
+{
+    return pp__synth_vocab_build_kind(PP_SYNTH_TOKENIZER_SPM, vocab_size, v);
+}
+
+pp_status pp__synth_vocab_build_kind(enum pp_synth_tokenizer kind, int32_t vocab_size,
+                                     struct pp__synth_vocab *v)
 {
     memset(v, 0, sizeof(*v));
     if (vocab_size < 300)
@@ -299,8 +389,12 @@ pp_status pp__synth_vocab_build(int32_t vocab_size, struct pp__synth_vocab *v)
                         vocab_size);
     char *text = normalize();
     size_t text_len = text ? strlen(text) : 0;
-    struct trainer t = {.v = v};
+    struct trainer t = {.v = v, .first = PP__VOCAB_FIRST_CHAR};
     v->n = vocab_size;
+    v->byte_level = kind == PP_SYNTH_TOKENIZER_BPE;
+    if (v->byte_level)
+        t.first = 0;
+    pp__synth_vocab_specials(kind, &v->bos, &v->eos);
     v->tokens = pp_calloc(PP_MEM_MISC, (size_t)vocab_size, sizeof(*v->tokens));
     v->scores = pp_calloc(PP_MEM_MISC, (size_t)vocab_size, sizeof(*v->scores));
     v->types = pp_calloc(PP_MEM_MISC, (size_t)vocab_size, sizeof(*v->types));
@@ -311,6 +405,8 @@ pp_status pp__synth_vocab_build(int32_t vocab_size, struct pp__synth_vocab *v)
     pp_status st;
     if (!text || !v->tokens || !v->scores || !v->types || !v->merges || !t.seq || !t.pairs)
         st = pp_error(PP_ERR_NOMEM, "synth vocab: no memory for %d tokens", vocab_size);
+    else if (v->byte_level)
+        st = build_bpe(&t, vocab_size);
     else
         st = build(&t, vocab_size, text);
     pp_free(PP_MEM_MISC, t.pairs);

@@ -7,7 +7,7 @@ packages=(
     build-essential cmake pkg-config git
     libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
     libconfig-dev libjansson-dev libpcre2-dev libcmocka-dev libopenblas-dev libmicrohttpd-dev
-    python3 python3-numpy python3-pytest python3-grpcio python3-protobuf
+    python3 python3-numpy python3-pytest python3-regex python3-grpcio python3-protobuf
     iproute2 valgrind
 )
 
