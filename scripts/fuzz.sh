@@ -6,27 +6,37 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(gguf safetensors)
-out=build-fuzz
+[ ${#targets[@]} -gt 0 ] || targets=(gguf safetensors tokenizer)
+out=$PWD/build-fuzz
 mkdir -p "$out"
 # the loaders need no compute kernels
-sources=(common/*.c kernels/dtype.c model/*.c)
-flags=(-std=c11 -D_GNU_SOURCE -DPP_HAVE_JANSSON -I. -g -O1 -ffp-contract=off
+sources=($(ls common/*.c | grep -v config.c) kernels/dtype.c model/*.c)
+flags=(-std=c11 -D_GNU_SOURCE -DPP_HAVE_JANSSON -DPP_HAVE_PCRE2 -I. -g -O1 -ffp-contract=off
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
 [ -x build/ppserve ] || bash scripts/build.sh
 for t in "${targets[@]}"; do
     clang "${flags[@]}" -o "$out/fuzz_$t" "tests/fuzz/fuzz_$t.c" "${sources[@]}" \
-        $(pkg-config --cflags --libs jansson) -lm -lpthread
+        $(pkg-config --cflags --libs jansson libpcre2-8) -lm -lpthread
     corpus="$out/corpus_$t"
     mkdir -p "$corpus"
     if [ -z "$(ls -A "$corpus")" ]; then
         ./build/ppserve synth --out "$out/seed" --shape tiny --format both --ctx 64 >/dev/null
+        ./build/ppserve synth --out "$out/seed-bpe" --shape tiny --tokenizer bpe --vocab 400 \
+            --ctx 64 >/dev/null
         case $t in
-            gguf) cp "$out/seed/model.gguf" "$corpus/tiny.gguf" ;;
+            gguf) cp "$out/seed/model.gguf" "$corpus/tiny.gguf"
+                  cp "$out/seed-bpe/model.gguf" "$corpus/tiny-bpe.gguf" ;;
             safetensors) cp "$out/seed/hf/model.safetensors" "$corpus/tiny.safetensors" ;;
+            tokenizer) printf 'Hello world, 12345 <s> \xe2\x96\x81 \xff\xfe caf\xc3\xa9 \xf0\x9f\x99\x82\n' \
+                           >"$corpus/text" ;;
         esac
     fi
     echo "== fuzz_$t for ${secs}s =="
-    "$out/fuzz_$t" "$corpus" -max_total_time="$secs" -max_len=300000 -rss_limit_mb=4096 \
+    # crash reproducers land in $out, not in the source tree
+    cd "$out"
+    max_len=300000
+    [ "$t" = tokenizer ] && max_len=4096
+    "$out/fuzz_$t" "$corpus" -max_total_time="$secs" -max_len="$max_len" -rss_limit_mb=4096 \
         -print_final_stats=1 2>&1 | grep -E "stat::number_of_executed_units|stat::new_units_added|ERROR|SUMMARY|BINGO" || true
+    cd - >/dev/null
 done
