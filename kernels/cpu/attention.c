@@ -1,11 +1,21 @@
 /* Causal attention over the paged KV cache, read in place through each sequence's block table.
- * One (token, head) pair is one work item: its scores, softmax and weighted sum run over positions
- * in increasing order, so its bits do not depend on the batch or the thread count. */
+ *
+ * One query (token, head) attends over positions [first, p] cut into chunks of ATTN_CHUNK positions
+ * at fixed absolute boundaries (chunk c covers [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK)), so the cut
+ * depends only on the query's position, never on the thread count or the batch. Each chunk gives a partial
+ * softmax (its max m, its sum l of exp(s - m), its weighted sum o of values, all over positions in
+ * increasing order); the partials merge in increasing chunk order (merge_chunk). Normally one
+ * thread runs all of a query's chunks; when a batch has too few queries to keep the threads busy
+ * (decode of one sequence with few heads over a long context), chunks become the work items and a
+ * second pass merges them — the same arithmetic in the same order, so the same bits. */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
+
+#define ATTN_CHUNK 256 /* positions per chunk (a split point every ATTN_CHUNK positions) */
+#define SPLIT_BELOW 4  /* split chunks across threads when queries < SPLIT_BELOW × threads */
 
 static inline float *kv_row(const struct pp_kv_view *kv, int32_t layer, int kv_sel,
                             const int32_t *block_table, int64_t pos)
@@ -43,6 +53,17 @@ struct attn_job {
     const struct pp_attn_seq *seqs;
     int32_t n_seqs;
     const struct pp_attn_shape *shape;
+    int64_t max_chunks; /* chunks per query at most (split mode) */
+    float *parts;       /* split mode: [query][chunk] of (m, l, o[head_dim]) */
+};
+
+/* One query: where its inputs and output are and the positions it sees. */
+struct query {
+    const struct pp_attn_seq *sq;
+    const float *q;  /* [head_dim] */
+    float *out;      /* [head_dim] */
+    int32_t kvh;
+    int64_t first, last; /* positions [first, last] */
 };
 
 /* The sequence owning a batch row; sequences are given in increasing row order. */
@@ -59,52 +80,145 @@ static const struct pp_attn_seq *seq_of_row(const struct attn_job *j, int64_t ro
     return &j->seqs[lo];
 }
 
-static void attend_one(struct attn_job *j, int64_t row, int32_t h, float *scores)
+static struct query query_of(const struct attn_job *j, int64_t row, int32_t h)
 {
     const struct pp_attn_shape *sh = j->shape;
-    const struct pp_attn_seq *sq = seq_of_row(j, row);
-    int32_t hd = sh->head_dim;
-    int32_t kvh = h / (sh->n_heads / sh->n_kv_heads);
-    int64_t q_dim = (int64_t)sh->n_heads * hd;
-    const float *q = j->q + row * q_dim + (int64_t)h * hd;
-    float *out = j->out + row * q_dim + (int64_t)h * hd;
-    int64_t p = sq->pos + (row - sq->row);
-    int64_t first = 0;
-    if (sh->sliding_window > 0 && p - sh->sliding_window + 1 > 0)
-        first = p - sh->sliding_window + 1;
+    struct query qr;
+    int64_t q_dim = (int64_t)sh->n_heads * sh->head_dim;
+    qr.sq = seq_of_row(j, row);
+    qr.q = j->q + row * q_dim + (int64_t)h * sh->head_dim;
+    qr.out = j->out + row * q_dim + (int64_t)h * sh->head_dim;
+    qr.kvh = h / (sh->n_heads / sh->n_kv_heads);
+    qr.last = qr.sq->pos + (row - qr.sq->row);
+    qr.first = 0;
+    if (sh->sliding_window > 0 && qr.last - sh->sliding_window + 1 > 0)
+        qr.first = qr.last - sh->sliding_window + 1;
+    return qr;
+}
 
+/* The partial softmax of one chunk: *m, *l and o[head_dim] over positions [c0, c1]. */
+static void attend_chunk(const struct attn_job *j, const struct query *qr, int64_t c0, int64_t c1,
+                         float *scores, float *m, float *l, float *o)
+{
+    const struct pp_simd *simd = j->cpu->simd;
+    const struct pp_attn_shape *sh = j->shape;
+    int32_t hd = sh->head_dim;
     float max = -INFINITY;
-    for (int64_t i = first; i <= p; i++) {
-        const float *k = kv_row(j->kv, j->layer, 0, sq->block_table, i) + (int64_t)kvh * hd;
-        float s = pp__dot(q, k, hd) * sh->scale;
-        scores[i - first] = s;
+    for (int64_t i = c0; i <= c1; i++) {
+        const float *k = kv_row(j->kv, j->layer, 0, qr->sq->block_table, i) + (int64_t)qr->kvh * hd;
+        float s = simd->dot(qr->q, k, hd) * sh->scale;
+        scores[i - c0] = s;
         if (s > max)
             max = s;
     }
     float sum = 0.0f;
-    for (int64_t i = first; i <= p; i++) {
-        float e = expf(scores[i - first] - max);
-        scores[i - first] = e;
+    memset(o, 0, (size_t)hd * sizeof(float));
+    for (int64_t i = c0; i <= c1; i++) {
+        float e = expf(scores[i - c0] - max);
         sum += e;
+        const float *v = kv_row(j->kv, j->layer, 1, qr->sq->block_table, i) + (int64_t)qr->kvh * hd;
+        simd->axpy(o, e, v, hd);
     }
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int64_t i = first; i <= p; i++) {
-        const float *v = kv_row(j->kv, j->layer, 1, sq->block_table, i) + (int64_t)kvh * hd;
-        float w = scores[i - first];
-        for (int32_t d = 0; d < hd; d++)
-            out[d] += w * v[d];
-    }
-    float inv = 1.0f / sum;
+    *m = max;
+    *l = sum;
+}
+
+/* Folds chunk partial (m, l, o) into the running (M, L, O), in increasing chunk order. */
+static void merge_chunk(float *M, float *L, float *O, float m, float l, const float *o, int32_t hd)
+{
+    float nm = fmaxf(*M, m);
+    float a = expf(*M - nm), b = expf(m - nm);
+    *L = *L * a + l * b;
     for (int32_t d = 0; d < hd; d++)
-        out[d] *= inv;
+        O[d] = O[d] * a + o[d] * b;
+    *M = nm;
+}
+
+static void finish(const struct query *qr, float L, const float *O, int32_t hd)
+{
+    float inv = 1.0f / L;
+    for (int32_t d = 0; d < hd; d++)
+        qr->out[d] = O[d] * inv;
+}
+
+/* Scratch of one thread: scores [ATTN_CHUNK], then o [head_dim]. */
+static void attend_query(const struct attn_job *j, int64_t row, int32_t h, float *scratch)
+{
+    struct query qr = query_of(j, row, h);
+    int32_t hd = j->shape->head_dim;
+    float *scores = scratch, *o = scratch + ATTN_CHUNK;
+    float M = 0.0f, L = 0.0f;
+    for (int64_t c = qr.first / ATTN_CHUNK; c <= qr.last / ATTN_CHUNK; c++) {
+        int64_t c0 = c * ATTN_CHUNK > qr.first ? c * ATTN_CHUNK : qr.first;
+        int64_t c1 = (c + 1) * ATTN_CHUNK - 1 < qr.last ? (c + 1) * ATTN_CHUNK - 1 : qr.last;
+        if (c == qr.first / ATTN_CHUNK) {
+            /* the first chunk writes the running state directly */
+            attend_chunk(j, &qr, c0, c1, scores, &M, &L, qr.out);
+        } else {
+            float m, l;
+            attend_chunk(j, &qr, c0, c1, scores, &m, &l, o);
+            merge_chunk(&M, &L, qr.out, m, l, o, hd);
+        }
+    }
+    finish(&qr, L, qr.out, hd);
 }
 
 static void attn_items(void *ctx, int64_t begin, int64_t end, int thread)
 {
     struct attn_job *j = ctx;
-    float *scores = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_SCORES, thread);
+    float *scratch = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_SCORES, thread);
     for (int64_t it = begin; it < end; it++)
-        attend_one(j, it / j->shape->n_heads, (int32_t)(it % j->shape->n_heads), scores);
+        attend_query(j, it / j->shape->n_heads, (int32_t)(it % j->shape->n_heads), scratch);
+}
+
+/* Split mode, pass 1: item = (query, chunk) → its partial in j->parts. */
+static void attn_chunk_items(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    struct attn_job *j = ctx;
+    int32_t hd = j->shape->head_dim;
+    float *scores = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_SCORES, thread);
+    for (int64_t it = begin; it < end; it++) {
+        int64_t qi = it / j->max_chunks, ci = it % j->max_chunks;
+        struct query qr = query_of(j, qi / j->shape->n_heads, (int32_t)(qi % j->shape->n_heads));
+        int64_t c = qr.first / ATTN_CHUNK + ci;
+        if (c > qr.last / ATTN_CHUNK)
+            continue;
+        int64_t c0 = c * ATTN_CHUNK > qr.first ? c * ATTN_CHUNK : qr.first;
+        int64_t c1 = (c + 1) * ATTN_CHUNK - 1 < qr.last ? (c + 1) * ATTN_CHUNK - 1 : qr.last;
+        float *part = j->parts + it * (hd + 2);
+        attend_chunk(j, &qr, c0, c1, scores, &part[0], &part[1], part + 2);
+    }
+}
+
+/* Split mode, pass 2: item = query → merge its chunks in order. */
+static void attn_merge_items(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    struct attn_job *j = ctx;
+    int32_t hd = j->shape->head_dim;
+    for (int64_t qi = begin; qi < end; qi++) {
+        struct query qr = query_of(j, qi / j->shape->n_heads, (int32_t)(qi % j->shape->n_heads));
+        int64_t n_chunks = qr.last / ATTN_CHUNK - qr.first / ATTN_CHUNK + 1;
+        const float *p0 = j->parts + qi * j->max_chunks * (hd + 2);
+        float M = p0[0], L = p0[1];
+        memcpy(qr.out, p0 + 2, (size_t)hd * sizeof(float));
+        for (int64_t ci = 1; ci < n_chunks; ci++) {
+            const float *p = p0 + ci * (hd + 2);
+            merge_chunk(&M, &L, qr.out, p[0], p[1], p + 2, hd);
+        }
+        finish(&qr, L, qr.out, hd);
+    }
+}
+
+int64_t pp__cpu_attn_scratch(int64_t max_cols)
+{
+    return ATTN_CHUNK + max_cols;
+}
+
+int64_t pp__cpu_attn_parts(int64_t max_cols, int64_t max_context)
+{
+    int64_t chunks = (max_context + ATTN_CHUNK - 2) / ATTN_CHUNK + 1;
+    return (int64_t)SPLIT_BELOW * chunks * (max_cols + 2);
 }
 
 void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
@@ -112,12 +226,27 @@ void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
                        int32_t n_seqs, const struct pp_attn_shape *shape)
 {
     struct pp_cpu *c = pp__cpu(be);
-    int64_t n_rows = 0;
+    int64_t n_rows = 0, max_len = 0;
     for (int32_t s = 0; s < n_seqs; s++) {
         assert(s == 0 || seqs[s].row >= seqs[s - 1].row + seqs[s - 1].n_tokens);
-        assert(seqs[s].pos + seqs[s].n_tokens <= c->cap[PP_CPU_SCRATCH_SCORES]);
+        assert(seqs[s].pos + seqs[s].n_tokens <= c->max_context);
         n_rows = seqs[s].row + seqs[s].n_tokens;
+        if (seqs[s].pos + seqs[s].n_tokens > max_len)
+            max_len = seqs[s].pos + seqs[s].n_tokens;
     }
-    struct attn_job j = {c, out, q, kv, layer, seqs, n_seqs, shape};
-    pp_threadpool_run(c->pool, attn_items, &j, n_rows * shape->n_heads, 1);
+    assert(shape->head_dim <= c->max_cols);
+    struct attn_job j = {c, out, q, kv, layer, seqs, n_seqs, shape, 0, NULL};
+    int64_t n_queries = n_rows * shape->n_heads;
+    int64_t span = shape->sliding_window > 0 && shape->sliding_window < max_len
+                       ? shape->sliding_window : max_len;
+    j.max_chunks = (span + ATTN_CHUNK - 2) / ATTN_CHUNK + 1; /* a window may straddle one more */
+    if (c->n_threads > 1 && n_queries < (int64_t)SPLIT_BELOW * c->n_threads && j.max_chunks > 1) {
+        j.parts = c->scratch[PP_CPU_SCRATCH_PARTS];
+        assert(n_queries * j.max_chunks * (shape->head_dim + 2) <=
+               c->n_threads * c->cap[PP_CPU_SCRATCH_PARTS]);
+        pp_threadpool_run(c->pool, attn_chunk_items, &j, n_queries * j.max_chunks, 1);
+        pp_threadpool_run(c->pool, attn_merge_items, &j, n_queries, 1);
+        return;
+    }
+    pp_threadpool_run(c->pool, attn_items, &j, n_queries, 1);
 }

@@ -19,10 +19,20 @@ static void cpu_free(struct pp_backend *be)
 static pp_status cpu_reserve(struct pp_backend *be, int64_t max_cols, int64_t max_context)
 {
     struct pp_cpu *c = be->impl;
+    if (max_cols < c->max_cols)
+        max_cols = c->max_cols;
+    if (max_context < c->max_context)
+        max_context = c->max_context;
     if (pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_ROW, max_cols) != 0 ||
-        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_SCORES, max_context) != 0)
+        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_SCORES, pp__cpu_attn_scratch(max_cols)) != 0 ||
+        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_PARTS,
+                                pp__cpu_attn_parts(max_cols, max_context)) != 0 ||
+        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_PANEL, PP_MM_MC_MAX * PP_MM_KC) != 0 ||
+        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_ACC, PP_MM_ACC_CAP) != 0)
         return pp_error(PP_ERR_NOMEM, "cpu backend: no memory for scratch (%lld cols, %lld positions)",
                         (long long)max_cols, (long long)max_context);
+    c->max_cols = max_cols;
+    c->max_context = max_context;
     return PP_OK;
 }
 

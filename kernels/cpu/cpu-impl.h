@@ -2,13 +2,18 @@
 #ifndef PP_CPU_IMPL_H
 #define PP_CPU_IMPL_H
 
+#include <math.h>
+
 #include "kernels/backend.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/threadpool.h"
 
 enum pp_cpu_scratch_slot {
     PP_CPU_SCRATCH_ROW = 0, /* a weight row converted to f32 */
-    PP_CPU_SCRATCH_SCORES,  /* attention scores of one query */
+    PP_CPU_SCRATCH_SCORES,  /* attention: one chunk's scores and one partial output */
+    PP_CPU_SCRATCH_PARTS,   /* attention split across threads: chunk partials (shared) */
+    PP_CPU_SCRATCH_PANEL,   /* packed f32 weight panel of the many-token matmul */
+    PP_CPU_SCRATCH_ACC,     /* eight-lane partial sums of the many-token matmul */
     PP_CPU_SCRATCH_COUNT
 };
 
@@ -16,9 +21,17 @@ struct pp_cpu {
     struct pp_threadpool *pool;
     const struct pp_simd *simd; /* inner loops for this CPU */
     int n_threads;
+    int64_t max_cols;    /* as reserved */
+    int64_t max_context; /* as reserved */
     float *scratch[PP_CPU_SCRATCH_COUNT]; /* [n_threads, cap[slot]] */
     int64_t cap[PP_CPU_SCRATCH_COUNT];
 };
+
+/* The fixed merge of the eight lanes of a canonical dot product. */
+static inline float pp__merge8(const float l[8])
+{
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
 
 static inline struct pp_cpu *pp__cpu(struct pp_backend *be)
 {
@@ -34,20 +47,29 @@ static inline float *pp__cpu_scratch(struct pp_cpu *c, enum pp_cpu_scratch_slot 
     return c->scratch[slot] + (int64_t)thread * c->cap[slot];
 }
 
-/* The one dot product of the CPU backend: eight lanes, lane j accumulates elements i ≡ j (mod 8) in
- * increasing i, then a fixed pairwise merge. Every reduction over a feature axis uses it, so an output
- * element's bits depend only on its operands. */
+/* The one dot product of the CPU backend, the canonical reduction order every path follows:
+ * eight lanes, lane j accumulates elements i ≡ j (mod 8) in increasing i with a fused multiply-add
+ * (one rounding per element), then the fixed merge ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). Padding
+ * both vectors with zeros to a multiple of 8 changes nothing (a lane is never -0, so
+ * fma(0,0,l) = l), which is what lets the vector kernels run a ragged tail as one more zero-padded
+ * step. An output element's bits depend only on its operands. fmaf is correctly rounded by
+ * definition, so this portable form and the AVX2/FMA kernels give the same bits. */
 static inline float pp__dot(const float *a, const float *b, int64_t n)
 {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
+            acc[j] = fmaf(a[i + j], b[i + j], acc[j]);
     for (int j = 0; i + j < n; j++)
-        acc[j] += a[i + j] * b[i + j];
-    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+        acc[j] = fmaf(a[i + j], b[i + j], acc[j]);
+    return pp__merge8(acc);
 }
+
+/* Per-thread attention scratch (floats) for head dims up to max_cols, and per-thread share of the
+ * split-mode chunk partials for contexts up to max_context (kernels/cpu/attention.c). */
+int64_t pp__cpu_attn_scratch(int64_t max_cols);
+int64_t pp__cpu_attn_parts(int64_t max_cols, int64_t max_context);
 
 void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
                     int64_t n);

@@ -1,17 +1,33 @@
-/* Element-wise ops and the embedding gather. They involve no reduction, so any split is exact;
- * they run on the calling thread because they cost little next to the matmuls. */
+/* Element-wise ops and the embedding gather. They involve no reduction, so any split is exact.
+ * swiglu (an expf per FFN element) is spread over the pool when a batch is large enough to pay
+ * for it (prefill); the rest run on the calling thread. */
 #include <math.h>
 
 #include "kernels/cpu/cpu-impl.h"
 
+#define SWIGLU_GRAIN 16384 /* elements per work item; smaller calls run inline */
+
+struct swiglu_job {
+    float *out;
+    const float *gate;
+    const float *up;
+};
+
+static void swiglu_range(void *ctx, int64_t i0, int64_t i1, int thread)
+{
+    (void)thread;
+    struct swiglu_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->gate[i];
+        j->out[i] = g / (1.0f + expf(-g)) * j->up[i];
+    }
+}
+
 void pp__cpu_swiglu(struct pp_backend *be, float *out, const float *gate, const float *up,
                     int64_t n)
 {
-    (void)be;
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    struct swiglu_job j = {out, gate, up};
+    pp_threadpool_run(pp__cpu(be)->pool, swiglu_range, &j, n, SWIGLU_GRAIN);
 }
 
 void pp__cpu_add(struct pp_backend *be, float *y, const float *x, int64_t n)

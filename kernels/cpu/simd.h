@@ -1,7 +1,9 @@
-/* Vector versions of the CPU backend's inner loops, chosen once at run time from the CPU's features.
- * Each computes exactly what its portable C counterpart computes, bit for bit: the dot products keep
- * the eight-lane order of pp__dot (multiply, round, add, round — never a fused multiply-add), and
- * the conversions are exact. So results never depend on which path a machine takes. */
+/* The CPU backend's inner loops, in two implementations chosen once at run time from the CPU's
+ * features: AVX2 + FMA + F16C (kernels/cpu/simd_avx2.c) and portable C (kernels/cpu/simd.c). Both
+ * follow the one canonical reduction order of pp__dot (kernels/cpu/cpu-impl.h): eight lanes of
+ * fused multiply-adds in increasing index, then a fixed merge. Weight conversions are exact. So an
+ * output element's bits never depend on which path a machine takes, how many tokens share the
+ * call, or which rows a thread was given. */
 #ifndef PP_SIMD_H
 #define PP_SIMD_H
 
@@ -9,15 +11,55 @@
 
 #include "kernels/dtype.h"
 
-/* y[t] = pp__dot(w, x + t*ld, n) for t in [0, nt). */
-typedef void (*pp_dot_rows_fn)(float *y, const float *w, const float *x, int64_t ld, int64_t n,
-                               int64_t nt);
+/* Cache blocking of the many-token matmul path (kernels/cpu/simd_avx2.c). The reduction is cut
+ * into KC-element chunks whose eight-lane partial sums are kept in memory between chunks, which
+ * continues each lane's chain exactly: blocking never changes a bit. */
+#define PP_MM_KC 256       /* reduction elements per chunk (a multiple of 8) */
+#define PP_MM_MC_MAX 15    /* weight rows per packed panel (with KC: 15 KiB, half of L1) */
+#ifndef PP_MM_ACC_CAP
+#define PP_MM_ACC_CAP 49152 /* floats of per-thread partial sums: rows × tokens × 8 */
+#endif
+#define PP_MM_NC_MAX (PP_MM_ACC_CAP / (8 * 3)) /* tokens per pass over the weights */
+
+/* Up to this many tokens the vector matmul reads weights directly (decode nest); more go through
+ * packed panels. Below it, converting a packed panel costs more than converting the weights in
+ * registers once per 3-token group (measured crossover 16-32 tokens). */
+#define PP_MM_DIRECT_MAX_TOKENS 12
+
+/* One matmul y[n, rows] = x[n, cols] · wᵀ as the inner loops see it. */
+struct pp_mm_args {
+    float *y;          /* [n, rows] */
+    const float *x;    /* [n, cols] */
+    const void *w;     /* [rows, cols] stored as dtype */
+    enum pp_dtype dtype;
+    int64_t rows;
+    int64_t cols;
+    int64_t n;
+    int64_t row_bytes; /* bytes of one stored weight row */
+};
+
+/* Per-thread scratch of one matmul call. */
+struct pp_mm_scratch {
+    float *row;   /* [cols] one weight row in f32 (portable path) */
+    float *panel; /* [PP_MM_MC_MAX * PP_MM_KC] packed f32 weight panel */
+    float *acc;   /* [PP_MM_ACC_CAP] eight-lane partial sums */
+};
+
+/* Computes y for weight rows [r0, r1) and every token. */
+typedef void (*pp_mm_rows_fn)(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                              const struct pp_mm_scratch *s);
+/* The canonical dot product pp__dot. */
+typedef float (*pp_dot_fn)(const float *a, const float *b, int64_t n);
+/* y[i] = fmaf(a, x[i], y[i]) for i in [0, n): one fused multiply-add per element. */
+typedef void (*pp_axpy_fn)(float *y, float a, const float *x, int64_t n);
 /* pp_row_to_f32 for f16/bf16 (other dtypes use the portable function). */
 typedef void (*pp_convert_fn)(float *dst, const void *src, int64_t n);
 
 struct pp_simd {
     const char *name; /* "avx2" or "portable" */
-    pp_dot_rows_fn dot_rows;
+    pp_mm_rows_fn matmul_rows;
+    pp_dot_fn dot;
+    pp_axpy_fn axpy;
     pp_convert_fn f16_to_f32;
     pp_convert_fn bf16_to_f32;
 };
@@ -26,5 +68,9 @@ struct pp_simd {
  * one, which tests use to prove both agree). Thread-safe; the table is immutable. */
 const struct pp_simd *pp_simd_get(void);
 const struct pp_simd *pp_simd_portable(void);
+
+/* The AVX2/FMA/F16C table, or NULL when this build has none (not x86-64 GCC/Clang). Callers must
+ * check the CPU's features first; pp_simd_get does. */
+const struct pp_simd *pp__simd_avx2(void);
 
 #endif

@@ -1,10 +1,20 @@
-/* Generation-counted pool: run() publishes a job and bumps the generation; workers wake, do their
- * range, and the last one to finish signals the caller. */
+/* Generation-counted pool: run() publishes a job and bumps the generation; workers pick it up, do
+ * their range, and the last one to finish releases the caller.
+ *
+ * Decode runs a few hundred small jobs per token, each well under a millisecond, so a futex sleep
+ * and wake per job would cost a visible share of the token. Workers therefore spin on the
+ * generation for a short while after each job before they sleep on the condition variable, and the
+ * caller spins on the pending count before it sleeps. The pool never starts more threads than asked
+ * (the caller is worker 0), so spinning never competes with our own work. */
 #include "kernels/cpu/threadpool.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include "common/alloc.h"
+
+#define SPIN_NS 200000 /* how long an idle worker or a waiting caller spins before it sleeps */
 
 struct pp_threadpool {
     int n_threads;
@@ -12,13 +22,16 @@ struct pp_threadpool {
     pthread_mutex_t mu;
     pthread_cond_t wake;
     pthread_cond_t done;
-    uint64_t generation; /* bumped per job; guarded by mu */
-    int pending;         /* workers still running the current job */
-    int stop;
+    _Atomic uint64_t generation; /* bumped per job (release); workers acquire it */
+    _Atomic int pending;         /* workers still running the current job */
+    _Atomic int stop;
+    /* the current job: written by run() before the generation is bumped */
     pp_task_fn fn;
     void *ctx;
     int64_t n_items;
     int64_t grain;
+    int dynamic;          /* chunks handed out in order from `next` instead of fixed ranges */
+    _Atomic int64_t next; /* dynamic: the next chunk to hand out */
 };
 
 struct worker_arg {
@@ -26,8 +39,32 @@ struct worker_arg {
     int index;
 };
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static void run_share(struct pp_threadpool *p, int index)
 {
+    if (p->dynamic) {
+        for (;;) {
+            int64_t c = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
+            int64_t begin = c * p->grain;
+            if (begin >= p->n_items)
+                return;
+            int64_t end = begin + p->grain < p->n_items ? begin + p->grain : p->n_items;
+            p->fn(p->ctx, begin, end, index);
+        }
+    }
     int64_t chunks = (p->n_items + p->grain - 1) / p->grain;
     int64_t per = chunks / p->n_threads, extra = chunks % p->n_threads;
     int64_t c0 = index * per + (index < extra ? index : extra);
@@ -39,26 +76,50 @@ static void run_share(struct pp_threadpool *p, int index)
         p->fn(p->ctx, begin, end, index);
 }
 
+/* Spins until *v != old (returns 1) or SPIN_NS pass (returns 0). */
+static int spin_until_changed_u64(_Atomic uint64_t *v, uint64_t old, _Atomic int *stop)
+{
+    int64_t deadline = 0;
+    for (int i = 0;; i++) {
+        if (atomic_load_explicit(v, memory_order_acquire) != old ||
+            atomic_load_explicit(stop, memory_order_relaxed))
+            return 1;
+        cpu_relax();
+        if ((i & 255) == 255) {
+            int64_t t = now_ns();
+            if (deadline == 0)
+                deadline = t + SPIN_NS;
+            else if (t > deadline)
+                return 0;
+        }
+    }
+}
+
 static void *worker_main(void *arg)
 {
     struct worker_arg wa = *(struct worker_arg *)arg;
     pp_free(PP_MEM_MISC, arg);
     struct pp_threadpool *p = wa.pool;
     uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->generation == seen)
-            pthread_cond_wait(&p->wake, &p->mu);
-        if (p->stop)
+        if (!spin_until_changed_u64(&p->generation, seen, &p->stop)) {
+            pthread_mutex_lock(&p->mu);
+            while (!atomic_load(&p->stop) && atomic_load(&p->generation) == seen)
+                pthread_cond_wait(&p->wake, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop))
             break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
         run_share(p, wa.index);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0)
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+            /* the caller may be asleep: take the lock so the signal cannot slip between its check
+             * and its wait */
+            pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -70,6 +131,10 @@ pp_status pp_threadpool_new(int n_threads, struct pp_threadpool **out)
     if (!p)
         return PP_ERR_NOMEM;
     p->n_threads = n_threads;
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->pending, 0);
+    atomic_init(&p->stop, 0);
+    atomic_init(&p->next, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
@@ -101,7 +166,7 @@ void pp_threadpool_free(struct pp_threadpool *p)
         return;
     if (p->threads) {
         pthread_mutex_lock(&p->mu);
-        p->stop = 1;
+        atomic_store(&p->stop, 1);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
         for (int i = 1; i < p->n_threads; i++)
@@ -119,8 +184,8 @@ int pp_threadpool_size(const struct pp_threadpool *p)
     return p->n_threads;
 }
 
-void pp_threadpool_run(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n_items,
-                       int64_t grain)
+static void run_job(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n_items,
+                    int64_t grain, int dynamic)
 {
     if (n_items <= 0)
         return;
@@ -130,20 +195,48 @@ void pp_threadpool_run(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_
         fn(ctx, 0, n_items, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->ctx = ctx;
     p->n_items = n_items;
     p->grain = grain;
-    p->pending = p->n_threads - 1;
-    p->generation++;
+    p->dynamic = dynamic;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
+    /* publish the job; sleeping workers re-check the generation under the lock, so taking it here
+     * orders this bump before their check or after their wait began */
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    pthread_mutex_lock(&p->mu);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
 
     run_share(p, 0);
 
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0)
-        pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    int64_t deadline = 0;
+    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+        cpu_relax();
+        if ((i & 255) == 255) {
+            int64_t t = now_ns();
+            if (deadline == 0) {
+                deadline = t + SPIN_NS;
+            } else if (t > deadline) {
+                pthread_mutex_lock(&p->mu);
+                while (atomic_load(&p->pending) > 0)
+                    pthread_cond_wait(&p->done, &p->mu);
+                pthread_mutex_unlock(&p->mu);
+                break;
+            }
+        }
+    }
+}
+
+void pp_threadpool_run(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n_items,
+                       int64_t grain)
+{
+    run_job(p, fn, ctx, n_items, grain, 0);
+}
+
+void pp_threadpool_run_dynamic(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n_items,
+                               int64_t grain)
+{
+    run_job(p, fn, ctx, n_items, grain, 1);
 }

@@ -24,4 +24,11 @@ int pp_threadpool_size(const struct pp_threadpool *pool);
 void pp_threadpool_run(struct pp_threadpool *pool, pp_task_fn fn, void *ctx, int64_t n_items,
                        int64_t grain);
 
+/* As pp_threadpool_run, but threads take grain-sized chunks in order from a shared counter until
+ * none are left: a thread that was preempted simply takes fewer chunks instead of holding the
+ * others at the end of the job. Which thread computes a chunk varies from run to run, so fn must
+ * compute each item the same way on any thread (the kernels do; per-thread scratch is fine). */
+void pp_threadpool_run_dynamic(struct pp_threadpool *pool, pp_task_fn fn, void *ctx,
+                               int64_t n_items, int64_t grain);
+
 #endif

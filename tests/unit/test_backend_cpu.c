@@ -14,8 +14,8 @@
 #include "kernels/backend.h"
 
 #define N_BE 4 /* backends with 1, 2, 3 and 4 threads */
-#define MAX_COLS 512
-#define MAX_CONTEXT 128
+#define MAX_COLS 1024
+#define MAX_CONTEXT 640 /* beyond two 256-position attention chunks */
 
 /* --- helpers ------------------------------------------------------------------------------------ */
 
@@ -164,7 +164,8 @@ static void matmul_dtype(enum pp_dtype dt, uint64_t seed)
     /* edge shapes first: one column, one row, a tail shorter than 8, more tokens than a tile (32),
      * more rows than 4 threads × the row grain (16) */
     const int64_t fixed[][3] = {{1, 1, 1}, {1, 7, 1}, {3, 8, 2}, {5, 9, 3}, {70, 33, 1},
-                                {17, 100, 33}, {65, 67, 40}, {2, MAX_COLS, 2}};
+                                {17, 100, 33}, {65, 67, 40}, {2, MAX_COLS, 2}, {7, 700, 9},
+                                {31, 1000, 5}, {50, 257, 4}};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
         int64_t cols = (fixed[i][1] + step - 1) / step * step;
         if (cols > MAX_COLS)
@@ -202,8 +203,10 @@ static void test_matmul_q8_0(void **state)
     matmul_dtype(PP_DTYPE_Q8_0, 4);
 }
 
-/* A token's output row has the same bits alone as inside a batch of 5 or of 40 (which spans two
- * token tiles), for every dtype: batching must never change what a request sees. */
+/* A token's output row has the same bits alone (the direct, decode loop nest) as inside a batch of
+ * 5 or of 40 (the packed loop nest, ragged token tiles), with the reduction inside one chunk and
+ * across several (cols > PP_MM_KC = 256), for every dtype: batching must never change what a
+ * request sees. */
 static void test_matmul_batch_invariant(void **state)
 {
     (void)state;
@@ -212,10 +215,12 @@ static void test_matmul_batch_invariant(void **state)
     uint64_t seed = 11;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
     const int64_t batches[] = {5, 40};
-    for (int d = 0; d < 4; d++) {
-        int64_t rows = 37, cols = dts[d] == PP_DTYPE_Q8_0 ? 96 : 83;
+    for (int d = 0; d < 8; d++) {
+        int64_t rows = 37, cols = dts[d % 4] == PP_DTYPE_Q8_0 ? 96 : 83;
+        if (d >= 4)
+            cols = dts[d % 4] == PP_DTYPE_Q8_0 ? 608 : 601;
         struct test_weight tw;
-        weight_make(&tw, dts[d], rows, cols, &seed);
+        weight_make(&tw, dts[d % 4], rows, cols, &seed);
         for (int bi = 0; bi < 2; bi++) {
             int64_t n = batches[bi];
             float *x = rand_floats(&seed, n * cols, -2.0f, 2.0f);
@@ -227,7 +232,7 @@ static void test_matmul_batch_invariant(void **state)
                 b1->ops->matmul(b1, one, x + t * cols, &tw.w, 1);
                 if (memcmp(one, yb + t * rows, sizeof(one)) != 0)
                     fail_msg("matmul %s: token %lld alone differs from inside a batch of %lld",
-                             pp_dtype_name(dts[d]), (long long)t, (long long)n);
+                             pp_dtype_name(dts[d % 4]), (long long)t, (long long)n);
             }
             free(x);
             free(yb);
@@ -255,7 +260,7 @@ static void test_matmul_simd_matches_portable(void **state)
     for (int it = 0; it < 24; it++) {
         enum pp_dtype dt = dts[it % 4];
         int64_t step = dt == PP_DTYPE_Q8_0 ? PP_Q8_0_BLOCK : 1;
-        int64_t rows = rng_int(&seed, 1, 40), cols = rng_int(&seed, 1, 200 / step) * step;
+        int64_t rows = rng_int(&seed, 1, 40), cols = rng_int(&seed, 1, 700 / step) * step;
         int64_t n = rng_int(&seed, 1, 37);
         struct test_weight tw;
         weight_make(&tw, dt, rows, cols, &seed);
@@ -474,7 +479,7 @@ static void test_embed(void **state)
 #define KV_LAYERS 2
 #define KV_LAYER 1 /* the layer under test; layer 0 stays poisoned */
 #define KV_BLOCK 4
-#define KV_BLOCKS 64
+#define KV_BLOCKS 320
 #define MAX_SEQS 4
 
 struct attn_case {
@@ -719,6 +724,21 @@ static void test_attention_sliding_window(void **state)
     check_attention_case(&w5, 65);
 }
 
+/* Long contexts: a query's positions are cut into 256-position chunks whose partial softmaxes merge
+ * in order; with few queries the chunks are spread over the threads (split mode, 2+ threads) and
+ * the result must keep the bits of one thread doing them all. With and without a sliding window
+ * that straddles a chunk boundary; multi-head decode and a small prefill batch. */
+static void test_attention_long_context(void **state)
+{
+    (void)state;
+    const struct attn_case decode = {2, 1, 16, 0, 1, {600}, {1}};
+    check_attention_case(&decode, 67);
+    const struct attn_case window = {2, 1, 8, 300, 1, {550}, {1}};
+    check_attention_case(&window, 68);
+    const struct attn_case batch = {4, 2, 12, 0, 2, {500, 255}, {3, 2}};
+    check_attention_case(&batch, 69);
+}
+
 /* A window wider than the context changes nothing, bit for bit. */
 static void test_attention_wide_window_is_full(void **state)
 {
@@ -808,6 +828,7 @@ int main(void)
         cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_attention_sliding_window),
         cmocka_unit_test(test_attention_wide_window_is_full),
+        cmocka_unit_test(test_attention_long_context),
         cmocka_unit_test(test_new_and_reserve_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,4 +1,6 @@
-/* The vector inner loops give exactly the portable loops' bits, on ragged sizes too. */
+/* The vector inner loops give exactly the portable loops' bits (the canonical pp__dot order), on
+ * ragged sizes, on both matmul loop nests (few tokens read weights directly, many tokens go through
+ * packed panels and chunked partial sums), and for every weight dtype. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,31 +14,100 @@ static float frand(unsigned *s)
     return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
 }
 
-static void test_dot_rows_match(void **state)
+static void test_dot_matches(void **state)
 {
     (void)state;
     const struct pp_simd *fast = pp_simd_get(), *port = pp_simd_portable();
     unsigned seed = 7;
-    for (int64_t n = 1; n <= 70; n += 3) {
-        for (int64_t nt = 1; nt <= 9; nt++) {
-            float *w = malloc(sizeof(float) * (size_t)n);
-            float *x = malloc(sizeof(float) * (size_t)(n * nt));
-            float y1[9], y2[9];
-            for (int64_t i = 0; i < n; i++)
-                w[i] = frand(&seed);
-            for (int64_t i = 0; i < n * nt; i++)
-                x[i] = frand(&seed) * 100.0f;
-            fast->dot_rows(y1, w, x, n, n, nt);
-            port->dot_rows(y2, w, x, n, n, nt);
-            assert_memory_equal(y1, y2, sizeof(float) * (size_t)nt);
-            for (int64_t t = 0; t < nt; t++) {
-                float d = pp__dot(w, x + t * n, n);
-                assert_memory_equal(&y1[t], &d, sizeof(float));
+    for (int64_t n = 1; n <= 300; n += 3) {
+        float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            a[i] = frand(&seed);
+            b[i] = frand(&seed) * 100.0f;
+        }
+        float d1 = fast->dot(a, b, n), d2 = port->dot(a, b, n), d3 = pp__dot(a, b, n);
+        assert_memory_equal(&d1, &d2, sizeof(float));
+        assert_memory_equal(&d1, &d3, sizeof(float));
+        free(a);
+        free(b);
+    }
+}
+
+/* One random matmul through both tables: the same bits, and each element equal to pp__dot of the
+ * exactly converted weight row. */
+static void check_rows(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n, unsigned *seed)
+{
+    const struct pp_simd *fast = pp_simd_get(), *port = pp_simd_portable();
+    int64_t rb = pp_dtype_row_bytes(dt, cols);
+    float *src = malloc(sizeof(float) * (size_t)(rows * cols));
+    char *w = malloc((size_t)(rows * rb));
+    float *x = malloc(sizeof(float) * (size_t)(n * cols));
+    float *y1 = malloc(sizeof(float) * (size_t)(n * rows));
+    float *y2 = malloc(sizeof(float) * (size_t)(n * rows));
+    float *row = malloc(sizeof(float) * (size_t)cols);
+    float *panel = malloc(sizeof(float) * PP_MM_MC_MAX * PP_MM_KC);
+    float *acc = malloc(sizeof(float) * PP_MM_ACC_CAP);
+    for (int64_t i = 0; i < rows * cols; i++)
+        src[i] = frand(seed);
+    for (int64_t i = 0; i < n * cols; i++)
+        x[i] = frand(seed) * 3.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        char *dst = w + r * rb;
+        for (int64_t i = 0; i < cols; i++) {
+            float v = src[r * cols + i];
+            if (dt == PP_DTYPE_F32)
+                memcpy(dst + i * 4, &v, 4);
+            else if (dt == PP_DTYPE_F16 || dt == PP_DTYPE_BF16) {
+                uint16_t h = dt == PP_DTYPE_F16 ? pp_f32_to_f16(v) : pp_f32_to_bf16(v);
+                memcpy(dst + i * 2, &h, 2);
             }
-            free(w);
-            free(x);
+        }
+        if (dt == PP_DTYPE_Q8_0)
+            pp_quantize_q8_0(dst, src + r * cols, cols);
+    }
+    struct pp_mm_args a = {y1, x, w, dt, rows, cols, n, rb};
+    struct pp_mm_scratch s = {row, panel, acc};
+    fast->matmul_rows(&a, 0, rows, &s);
+    a.y = y2;
+    port->matmul_rows(&a, 0, rows, &s);
+    if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
+        fail_msg("matmul_rows %s [%lld,%lld] n=%lld: %s and portable differ", pp_dtype_name(dt),
+                 (long long)rows, (long long)cols, (long long)n, fast->name);
+    for (int64_t r = 0; r < rows; r++) {
+        pp_row_to_f32(row, w + r * rb, dt, cols);
+        for (int64_t t = 0; t < n; t++) {
+            float d = pp__dot(row, x + t * cols, cols);
+            assert_memory_equal(&d, &y1[t * rows + r], sizeof(float));
         }
     }
+    free(src);
+    free(w);
+    free(x);
+    free(y1);
+    free(y2);
+    free(row);
+    free(panel);
+    free(acc);
+}
+
+static void test_matmul_rows_match(void **state)
+{
+    (void)state;
+    unsigned seed = 9;
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    /* cols around the chunk size (256) and ragged; n on both sides of the direct/packed switch
+     * (12) and not a multiple of the 3- or 4-token tiles; rows not a multiple of the 3- or 4-row
+     * tiles or the 15-row panel */
+    const int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 2}, {9, 33, 3}, {13, 257, 4}, {70, 300, 5},
+                                 {3, 520, 7}, {67, 256, 11}, {4, 64, 40}, {130, 96, 1},
+                                 {13, 257, 13}, {70, 300, 17}, {17, 530, 14}, {40, 1000, 30}};
+    for (int d = 0; d < 4; d++)
+        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+            int64_t cols = shapes[i][1];
+            if (dts[d] == PP_DTYPE_Q8_0)
+                cols = (cols + PP_Q8_0_BLOCK - 1) / PP_Q8_0_BLOCK * PP_Q8_0_BLOCK;
+            check_rows(dts[d], shapes[i][0], cols, shapes[i][2], &seed);
+        }
 }
 
 static void test_conversions_match(void **state)
@@ -69,7 +140,8 @@ static void test_conversions_match(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dot_rows_match),
+        cmocka_unit_test(test_dot_matches),
+        cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_conversions_match),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

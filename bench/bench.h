@@ -1,0 +1,33 @@
+/* Shared pieces of pp_bench (bench/bench_cpu.c): the machine's own limits, measured in the same
+ * run, and the f32 matmul comparison with OpenBLAS. */
+#ifndef PP_BENCH_H
+#define PP_BENCH_H
+
+#include <stdint.h>
+
+#include "kernels/backend.h"
+
+/* Seconds on the monotonic clock. */
+double pp_bench_now(void);
+
+/* Best of several passes of n_threads threads each summing its share of a 1 GiB buffer with AVX2
+ * loads, in one stream or four per thread (or plain C without AVX2): bytes read per second. */
+double pp_bench_read_bandwidth(int n_threads);
+
+/* Best of several runs of n_threads threads each issuing 12 independent chains of 8-wide FMAs:
+ * FP32 FLOP per second (an FMA counts 2). 0 when the CPU has no FMA. */
+double pp_bench_fma_peak(int n_threads);
+
+/* One matmul shape of the comparison: [rows, cols] weights times n tokens. */
+struct pp_bench_shape {
+    const char *name;
+    int64_t rows, cols;
+};
+
+/* Seconds per call (best of reps) on random f32 weights of the given shape: of be's matmul when
+ * be is not NULL, else of cblas_sgemm with n_threads threads (0 when the build has no OpenBLAS).
+ * Time every shape of one before the other: OpenBLAS's threads keep spinning after a call. */
+double pp_bench_matmul_time(struct pp_backend *be, int n_threads, const struct pp_bench_shape *s,
+                            int64_t n);
+
+#endif

@@ -1,0 +1,433 @@
+/* pp_bench: the CPU backend at the machine's limits, on the tinyllama shape.
+ *
+ *   pp_bench [--threads N] [--models DIR] [--dtypes f16,bf16,q8_0] [--prompt N] [--decode N]
+ *            [--json PATH]
+ *
+ * Measures, in one run: the machine's read bandwidth and FP32 FMA peak with N threads (before and
+ * after the models; the better of the two is the bound); then per
+ * weight dtype (models DIR/<dtype>/model.gguf, written by the synth API when missing) the prefill
+ * rate of one prompt and the greedy decode rate after it, the bytes a decode step reads, decode
+ * as a fraction of the bandwidth bound and prefill as a fraction of the FMA peak; and our f32
+ * matmul against OpenBLAS cblas_sgemm on the model's shapes, one token and a prompt's worth. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bench/bench.h"
+#include "common/alloc.h"
+#include "common/json_write.h"
+#include "model/executor.h"
+#include "model/model.h"
+#include "model/synth.h"
+
+struct opts {
+    int threads;
+    const char *models;
+    char dtypes[64];
+    int prompt;
+    int decode;
+    const char *json;
+};
+
+struct dtype_result {
+    const char *dtype;
+    double prefill_tok_s;
+    double decode_tok_s;      /* from the median step */
+    double decode_mean_tok_s; /* from the mean step */
+    double decode_best_tok_s; /* from the fastest step (as the bounds: best of several) */
+    double decode_bytes_per_token;
+    double prefill_flops_per_token;
+    double decode_frac_bw;
+    double decode_best_frac_bw;
+    double prefill_frac_peak;
+};
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: pp_bench [--threads N] [--models DIR] [--dtypes f16,bf16,q8_0] "
+                    "[--prompt N] [--decode N] [--json PATH]\n");
+    return 2;
+}
+
+static int64_t weight_bytes(const struct pp_weight *w)
+{
+    return w->rows * pp_dtype_row_bytes(w->dtype, w->cols);
+}
+
+/* Bytes one decode step at context ctx reads: every matrix, the norms, one embedding row, and the
+ * KV cache of every layer up to ctx. */
+static double decode_bytes(const struct pp_model *m, double ctx)
+{
+    const struct pp_model_config *c = &m->cfg;
+    double b = 0.0;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const struct pp_layer_weights *lw = &m->layers[l];
+        b += (double)(weight_bytes(&lw->wq) + weight_bytes(&lw->wk) + weight_bytes(&lw->wv) +
+                      weight_bytes(&lw->wo) + weight_bytes(&lw->w_gate) + weight_bytes(&lw->w_up) +
+                      weight_bytes(&lw->w_down));
+        b += 2.0 * c->dim * 4;
+    }
+    b += (double)weight_bytes(&m->lm_head) + c->dim * 4.0;
+    b += (double)pp_dtype_row_bytes(m->embedding.dtype, m->embedding.cols);
+    b += (double)c->n_layers * 2.0 * ctx * c->n_kv_heads * c->head_dim * 4.0;
+    return b;
+}
+
+/* FLOPs of a prompt of n tokens: every layer matrix per token, attention over the causal
+ * prefix, and the LM head for the last token. */
+static double prefill_flops(const struct pp_model *m, int n)
+{
+    const struct pp_model_config *c = &m->cfg;
+    double per_tok = 0.0;
+    const struct pp_layer_weights *lw = &m->layers[0];
+    const struct pp_weight *ws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up,
+                                    &lw->w_down};
+    for (int i = 0; i < 7; i++)
+        per_tok += 2.0 * (double)ws[i]->rows * (double)ws[i]->cols;
+    double attn = 0.0;
+    for (int p = 0; p < n; p++)
+        attn += 4.0 * c->n_heads * c->head_dim * (p + 1.0);
+    return c->n_layers * (per_tok * n + attn) + 2.0 * c->vocab_size * c->dim;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The 1-minute load average: how busy the shared machine was. */
+static double loadavg(void)
+{
+    double l = -1.0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = -1.0;
+        fclose(f);
+    }
+    return l;
+}
+
+static int argmax(const float *v, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+static pp_status ensure_model(const char *dir, const char *dtype, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s/model.gguf", dir, dtype);
+    struct stat st;
+    if (stat(path, &st) == 0)
+        return PP_OK;
+    char sub[4096];
+    snprintf(sub, sizeof(sub), "%s/%s", dir, dtype);
+    mkdir(dir, 0755);
+    if (mkdir(sub, 0755) != 0 && errno != EEXIST)
+        return pp_error(PP_ERR_IO, "cannot create %s", sub);
+    struct pp_synth_spec spec;
+    pp_status s = pp_synth_shape("tinyllama", &spec);
+    if (s != PP_OK)
+        return s;
+    spec.dtype = (enum pp_dtype)pp_dtype_parse(dtype);
+    fprintf(stderr, "writing %s ...\n", path);
+    return pp_synth_write_gguf(&spec, path);
+}
+
+static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype_result *r)
+{
+    char path[4096];
+    pp_status st = ensure_model(o->models, dtype, path, sizeof(path));
+    if (st != PP_OK)
+        return st;
+    struct pp_model *m = NULL;
+    struct pp_backend *be = NULL;
+    struct pp_executor *ex = NULL;
+    float *logits = NULL;
+    int32_t *ids = NULL;
+    double *steps = NULL;
+    if ((st = pp_model_open(path, 0, -1, &m)) != PP_OK)
+        return st;
+    if ((st = pp_backend_cpu_new(o->threads, &be)) != PP_OK)
+        goto out;
+    struct pp_executor_opts eo = {0};
+    eo.max_seqs = 2;
+    eo.max_context = o->prompt + o->decode + 8;
+    if ((st = pp_executor_new(m, be, &eo, &ex)) != PP_OK)
+        goto out;
+    const struct pp_model_config *c = &m->cfg;
+    logits = malloc((size_t)c->vocab_size * sizeof(float));
+    ids = malloc((size_t)o->prompt * sizeof(int32_t));
+    steps = malloc((size_t)o->decode * sizeof(double));
+    if (!logits || !ids || !steps) {
+        st = PP_ERR_NOMEM;
+        goto out;
+    }
+    for (int i = 0; i < o->prompt; i++)
+        ids[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
+
+    /* prefill: a warm-up pass (maps the weights in), then the best of two timed passes */
+    double best_prefill = 1e30;
+    for (int pass = 0; pass < 3; pass++) {
+        struct pp_exec_seq seq = {1, 0, o->prompt, 1};
+        struct pp_exec_batch b = {1, &seq, ids, NULL};
+        pp_executor_release(ex, 1);
+        double t0 = pp_bench_now();
+        if ((st = pp_executor_forward(ex, &b, NULL, logits)) != PP_OK)
+            goto out;
+        double t = pp_bench_now() - t0;
+        if (pass > 0 && t < best_prefill)
+            best_prefill = t;
+    }
+    /* decode greedily from the prompt; the median step resists the odd preempted step on a shared
+     * machine, the mean is reported beside it */
+    int32_t tok = argmax(logits, c->vocab_size);
+    double total = 0.0;
+    for (int i = 0; i < o->decode; i++) {
+        struct pp_exec_seq seq = {1, o->prompt + i, 1, 1};
+        struct pp_exec_batch b = {1, &seq, &tok, NULL};
+        double t0 = pp_bench_now();
+        if ((st = pp_executor_forward(ex, &b, NULL, logits)) != PP_OK)
+            goto out;
+        steps[i] = pp_bench_now() - t0;
+        total += steps[i];
+        tok = argmax(logits, c->vocab_size);
+    }
+    qsort(steps, (size_t)o->decode, sizeof(double), cmp_double);
+    r->dtype = dtype;
+    r->prefill_tok_s = o->prompt / best_prefill;
+    r->decode_tok_s = 1.0 / steps[o->decode / 2];
+    r->decode_mean_tok_s = o->decode / total;
+    r->decode_best_tok_s = 1.0 / steps[0];
+    r->decode_bytes_per_token = decode_bytes(m, o->prompt + o->decode / 2.0);
+    r->prefill_flops_per_token = prefill_flops(m, o->prompt) / o->prompt;
+out:
+    free(logits);
+    free(ids);
+    free(steps);
+    pp_executor_free(ex);
+    if (be)
+        be->ops->free(be);
+    pp_model_free(m);
+    return st;
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+    o->threads = 2;
+    o->models = "/tmp/pp_bench_models";
+    snprintf(o->dtypes, sizeof(o->dtypes), "f16,bf16,q8_0");
+    o->prompt = 128;
+    o->decode = 32;
+    o->json = NULL;
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v)
+            return -1;
+        if (strcmp(a, "--threads") == 0)
+            o->threads = atoi(v);
+        else if (strcmp(a, "--models") == 0)
+            o->models = v;
+        else if (strcmp(a, "--dtypes") == 0)
+            snprintf(o->dtypes, sizeof(o->dtypes), "%s", v);
+        else if (strcmp(a, "--prompt") == 0)
+            o->prompt = atoi(v);
+        else if (strcmp(a, "--decode") == 0)
+            o->decode = atoi(v);
+        else if (strcmp(a, "--json") == 0)
+            o->json = v;
+        else
+            return -1;
+    }
+    return o->threads >= 1 && o->prompt >= 1 && o->decode >= 1 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    if (parse(argc, argv, &o) != 0)
+        return usage();
+
+    printf("pp_bench: %d threads, tinyllama, prompt %d, decode %d\n", o.threads, o.prompt,
+           o.decode);
+    /* the machine's limits, measured now and again after the models; the best of the two is the
+     * bound (a busy neighbour can only lower a measurement) */
+    double load0 = loadavg();
+    double bw = pp_bench_read_bandwidth(o.threads);
+    double peak = pp_bench_fma_peak(o.threads);
+    printf("machine: read bandwidth %.2f GB/s, FP32 FMA peak %.1f GFLOP/s (load average %.2f)\n",
+           bw / 1e9, peak / 1e9, load0);
+
+    struct dtype_result res[8];
+    int n_res = 0;
+    char list[64];
+    snprintf(list, sizeof(list), "%s", o.dtypes);
+    for (char *save = NULL, *d = strtok_r(list, ",", &save); d && n_res < 8;
+         d = strtok_r(NULL, ",", &save)) {
+        if (pp_dtype_parse(d) < 0) {
+            fprintf(stderr, "unknown dtype %s\n", d);
+            return 2;
+        }
+        pp_status st = run_dtype(&o, d, &res[n_res]);
+        if (st != PP_OK) {
+            fprintf(stderr, "%s: %s: %s\n", d, pp_strerror(st), pp_error_detail());
+            return 1;
+        }
+        res[n_res].dtype = strstr(o.dtypes, d); /* points into o, which outlives res */
+        n_res++;
+    }
+
+    double bw2 = pp_bench_read_bandwidth(o.threads), peak2 = pp_bench_fma_peak(o.threads);
+    double load1 = loadavg();
+    printf("machine again: read bandwidth %.2f GB/s, FP32 FMA peak %.1f GFLOP/s (load average "
+           "%.2f)\n", bw2 / 1e9, peak2 / 1e9, load1);
+    double bw_best = bw2 > bw ? bw2 : bw, peak_best = peak2 > peak ? peak2 : peak;
+    for (int i = 0; i < n_res; i++) {
+        struct dtype_result *r = &res[i];
+        r->decode_frac_bw = bw_best > 0 ? r->decode_tok_s * r->decode_bytes_per_token / bw_best : 0;
+        r->decode_best_frac_bw =
+            bw_best > 0 ? r->decode_best_tok_s * r->decode_bytes_per_token / bw_best : 0;
+        r->prefill_frac_peak =
+            peak_best > 0 ? r->prefill_tok_s * r->prefill_flops_per_token / peak_best : 0;
+    }
+
+    /* f32 matmul vs OpenBLAS on the tinyllama shapes */
+    static const struct pp_bench_shape shapes[] = {
+        {"wq/wo 2048x2048", 2048, 2048}, {"wk/wv 256x2048", 256, 2048},
+        {"gate/up 5632x2048", 5632, 2048}, {"down 2048x5632", 2048, 5632}};
+    const int64_t ns[] = {1, o.prompt};
+    double ours[2][4], blas[2][4], ours_sum[2] = {0, 0}, blas_sum[2] = {0, 0};
+    struct pp_backend *be;
+    if (pp_backend_cpu_new(o.threads, &be) != PP_OK || be->ops->reserve(be, 8192, 16) != PP_OK)
+        return 1;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 4; i++) {
+            ours[k][i] = pp_bench_matmul_time(be, o.threads, &shapes[i], ns[k]);
+            ours_sum[k] += ours[k][i];
+        }
+    be->ops->free(be);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 4; i++) {
+            blas[k][i] = pp_bench_matmul_time(NULL, o.threads, &shapes[i], ns[k]);
+            blas_sum[k] += blas[k][i];
+        }
+
+    printf("\nbounds: read bandwidth %.2f GB/s, FMA peak %.1f GFLOP/s (best of both "
+           "measurements)\n", bw_best / 1e9, peak_best / 1e9);
+    printf("%-6s %12s %7s %7s %9s %12s %12s %13s %12s\n", "dtype", "decode tok/s", "(mean)",
+           "(best)", "MB/token", "decode/bound", "(best step)", "prefill tok/s", "prefill/peak");
+    for (int i = 0; i < n_res; i++) {
+        const struct dtype_result *r = &res[i];
+        int len = (int)strcspn(r->dtype, ",");
+        printf("%-6.*s %12.2f %7.2f %7.2f %9.1f %11.1f%% %11.1f%% %13.1f %11.1f%%\n", len,
+               r->dtype, r->decode_tok_s, r->decode_mean_tok_s, r->decode_best_tok_s,
+               r->decode_bytes_per_token / 1e6, 100 * r->decode_frac_bw,
+               100 * r->decode_best_frac_bw, r->prefill_tok_s, 100 * r->prefill_frac_peak);
+    }
+    printf("\nf32 matmul, ours vs cblas_sgemm (time ratio blas/ours; > 1: ours faster)\n");
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 4; i++)
+            printf("  n=%-4lld %-20s ours %8.3f ms (%6.1f GFLOP/s)  blas %8.3f ms  ratio %.2f\n",
+                   (long long)ns[k], shapes[i].name, ours[k][i] * 1e3,
+                   2.0 * shapes[i].rows * shapes[i].cols * ns[k] / ours[k][i] / 1e9,
+                   blas[k][i] * 1e3, ours[k][i] > 0 ? blas[k][i] / ours[k][i] : 0.0);
+        printf("  n=%-4lld all four shapes: ratio %.2f\n", (long long)ns[k],
+               ours_sum[k] > 0 ? blas_sum[k] / ours_sum[k] : 0.0);
+    }
+
+    if (o.json) {
+        struct pp_json j;
+        pp_json_init(&j);
+        pp_json_begin_object(&j);
+        pp_json_key(&j, "threads");
+        pp_json_int(&j, o.threads);
+        pp_json_key(&j, "shape");
+        pp_json_cstring(&j, "tinyllama");
+        pp_json_key(&j, "prompt_tokens");
+        pp_json_int(&j, o.prompt);
+        pp_json_key(&j, "decode_tokens");
+        pp_json_int(&j, o.decode);
+        pp_json_key(&j, "read_bandwidth_bytes_s");
+        pp_json_double(&j, bw_best);
+        pp_json_key(&j, "fma_peak_flops");
+        pp_json_double(&j, peak_best);
+        pp_json_key(&j, "read_bandwidth_bytes_s_measurements");
+        pp_json_begin_array(&j);
+        pp_json_double(&j, bw);
+        pp_json_double(&j, bw2);
+        pp_json_end_array(&j);
+        pp_json_key(&j, "fma_peak_flops_measurements");
+        pp_json_begin_array(&j);
+        pp_json_double(&j, peak);
+        pp_json_double(&j, peak2);
+        pp_json_end_array(&j);
+        pp_json_key(&j, "load_average");
+        pp_json_begin_array(&j);
+        pp_json_double(&j, load0);
+        pp_json_double(&j, load1);
+        pp_json_end_array(&j);
+        pp_json_key(&j, "models");
+        pp_json_begin_array(&j);
+        for (int i = 0; i < n_res; i++) {
+            const struct dtype_result *r = &res[i];
+            pp_json_begin_object(&j);
+            pp_json_key(&j, "dtype");
+            pp_json_string(&j, r->dtype, strcspn(r->dtype, ","));
+            pp_json_key(&j, "decode_tok_s");
+            pp_json_double(&j, r->decode_tok_s);
+            pp_json_key(&j, "decode_mean_tok_s");
+            pp_json_double(&j, r->decode_mean_tok_s);
+            pp_json_key(&j, "decode_best_step_tok_s");
+            pp_json_double(&j, r->decode_best_tok_s);
+            pp_json_key(&j, "decode_best_step_fraction_of_bandwidth_bound");
+            pp_json_double(&j, r->decode_best_frac_bw);
+            pp_json_key(&j, "decode_bytes_per_token");
+            pp_json_double(&j, r->decode_bytes_per_token);
+            pp_json_key(&j, "decode_fraction_of_bandwidth_bound");
+            pp_json_double(&j, r->decode_frac_bw);
+            pp_json_key(&j, "prefill_tok_s");
+            pp_json_double(&j, r->prefill_tok_s);
+            pp_json_key(&j, "prefill_flops_per_token");
+            pp_json_double(&j, r->prefill_flops_per_token);
+            pp_json_key(&j, "prefill_fraction_of_fma_peak");
+            pp_json_double(&j, r->prefill_frac_peak);
+            pp_json_end_object(&j);
+        }
+        pp_json_end_array(&j);
+        pp_json_key(&j, "f32_matmul_vs_openblas");
+        pp_json_begin_array(&j);
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < 4; i++) {
+                pp_json_begin_object(&j);
+                pp_json_key(&j, "shape");
+                pp_json_cstring(&j, shapes[i].name);
+                pp_json_key(&j, "tokens");
+                pp_json_int(&j, ns[k]);
+                pp_json_key(&j, "ours_s");
+                pp_json_double(&j, ours[k][i]);
+                pp_json_key(&j, "openblas_s");
+                pp_json_double(&j, blas[k][i]);
+                pp_json_key(&j, "openblas_over_ours");
+                pp_json_double(&j, ours[k][i] > 0 ? blas[k][i] / ours[k][i] : 0.0);
+                pp_json_end_object(&j);
+            }
+        pp_json_end_array(&j);
+        pp_json_end_object(&j);
+        FILE *f = fopen(o.json, "w");
+        if (!f || fwrite(j.out.data, 1, j.out.len, f) != j.out.len) {
+            fprintf(stderr, "cannot write %s\n", o.json);
+            pp_json_free(&j);
+            return 1;
+        }
+        fputc('\n', f);
+        fclose(f);
+        pp_json_free(&j);
+    }
+    return 0;
+}

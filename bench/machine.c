@@ -1,0 +1,205 @@
+/* The machine's limits, measured the same way every run so that the engine's figures can be given
+ * as fractions of them: read bandwidth with n threads, and the FP32 FMA peak with n threads. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/bench.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+double pp_bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define BW_BYTES ((size_t)1 << 30)
+#define BW_PASSES 8 /* alternating one and four streams per thread */
+
+struct bw_arg {
+    const float *p;
+    size_t n; /* floats */
+    int streams;
+    pthread_barrier_t *bar;
+    float sink;
+    double t0, t1;
+};
+
+#ifdef HAVE_X86
+/* One sequential stream, or four (a quarter each, read side by side as the matmul's row tiles
+ * do): prefetchers differ in how well they feed each, and the bound is the better one. */
+__attribute__((target("avx2"))) static float sum_avx2(const float *p, size_t n, int streams)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    if (streams == 1) {
+        for (size_t i = 0; i + 32 <= n; i += 32) {
+            a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+            a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+            a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+            a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+        }
+    } else {
+        size_t q = n / 4 / 8 * 8;
+        const float *p1 = p + q, *p2 = p1 + q, *p3 = p2 + q;
+        for (size_t i = 0; i < q; i += 8) {
+            a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+            a1 = _mm256_add_ps(a1, _mm256_load_ps(p1 + i));
+            a2 = _mm256_add_ps(a2, _mm256_load_ps(p2 + i));
+            a3 = _mm256_add_ps(a3, _mm256_load_ps(p3 + i));
+        }
+    }
+    float l[8];
+    _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    return l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
+}
+#endif
+
+static float sum_plain(const float *p, size_t n)
+{
+    float a[8] = {0};
+    for (size_t i = 0; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            a[j] += p[i + j];
+    return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+}
+
+static void *bw_thread(void *arg)
+{
+    struct bw_arg *a = arg;
+    pthread_barrier_wait(a->bar);
+    a->t0 = pp_bench_now();
+#ifdef HAVE_X86
+    if (__builtin_cpu_supports("avx2"))
+        a->sink = sum_avx2(a->p, a->n, a->streams);
+    else
+#endif
+        a->sink = sum_plain(a->p, a->n);
+    a->t1 = pp_bench_now();
+    return NULL;
+}
+
+/* Runs fn on n threads (each waits on a shared barrier before it starts its clock). */
+static void run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size)
+{
+    pthread_t th[64];
+    for (int i = 0; i < n; i++)
+        pthread_create(&th[i], NULL, fn, (char *)args + (size_t)i * arg_size);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+}
+
+double pp_bench_read_bandwidth(int n_threads)
+{
+    if (n_threads > 64)
+        n_threads = 64;
+    float *buf = aligned_alloc(64, BW_BYTES);
+    if (!buf)
+        return 0.0;
+    size_t n = BW_BYTES / sizeof(float);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (float)(i & 1023);
+    size_t per = n / (size_t)n_threads / 32 * 32;
+    double best = 0.0;
+    for (int pass = 0; pass < BW_PASSES; pass++) {
+        pthread_barrier_t bar;
+        pthread_barrier_init(&bar, NULL, (unsigned)n_threads);
+        struct bw_arg args[64];
+        for (int i = 0; i < n_threads; i++)
+            args[i] = (struct bw_arg){buf + (size_t)i * per, per, pass % 2 ? 4 : 1, &bar, 0, 0, 0};
+        run_threads(n_threads, bw_thread, args, sizeof(args[0]));
+        double t0 = args[0].t0, t1 = args[0].t1;
+        for (int i = 1; i < n_threads; i++) {
+            if (args[i].t0 < t0)
+                t0 = args[i].t0;
+            if (args[i].t1 > t1)
+                t1 = args[i].t1;
+        }
+        pthread_barrier_destroy(&bar);
+        double bw = (double)(per * (size_t)n_threads * sizeof(float)) / (t1 - t0);
+        if (bw > best)
+            best = bw;
+    }
+    free(buf);
+    return best;
+}
+
+#define FMA_ITERS 30000000L
+
+struct fma_arg {
+    pthread_barrier_t *bar;
+    float sink;
+    double t0, t1;
+};
+
+#ifdef HAVE_X86
+/* 12 independent chains: more than the FMA latency × pipes needs (10 fall short on Zen 3). */
+__attribute__((target("avx2,fma"))) static void *fma_thread(void *arg)
+{
+    struct fma_arg *a = arg;
+    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    __m256 r0 = _mm256_set1_ps(1.0f), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0,
+           r8 = r0, r9 = r0, r10 = r0, r11 = r0;
+    pthread_barrier_wait(a->bar);
+    a->t0 = pp_bench_now();
+    for (long i = 0; i < FMA_ITERS; i++) {
+        r0 = _mm256_fmadd_ps(r0, m, c);
+        r1 = _mm256_fmadd_ps(r1, m, c);
+        r2 = _mm256_fmadd_ps(r2, m, c);
+        r3 = _mm256_fmadd_ps(r3, m, c);
+        r4 = _mm256_fmadd_ps(r4, m, c);
+        r5 = _mm256_fmadd_ps(r5, m, c);
+        r6 = _mm256_fmadd_ps(r6, m, c);
+        r7 = _mm256_fmadd_ps(r7, m, c);
+        r8 = _mm256_fmadd_ps(r8, m, c);
+        r9 = _mm256_fmadd_ps(r9, m, c);
+        r10 = _mm256_fmadd_ps(r10, m, c);
+        r11 = _mm256_fmadd_ps(r11, m, c);
+    }
+    a->t1 = pp_bench_now();
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(r0, r1), _mm256_add_ps(r2, r3)),
+                             _mm256_add_ps(_mm256_add_ps(r4, r5), _mm256_add_ps(r6, r7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(r8, r9), _mm256_add_ps(r10, r11)));
+    a->sink = _mm256_cvtss_f32(s);
+    return NULL;
+}
+#endif
+
+double pp_bench_fma_peak(int n_threads)
+{
+#ifdef HAVE_X86
+    if (!__builtin_cpu_supports("fma") || !__builtin_cpu_supports("avx2"))
+        return 0.0;
+    if (n_threads > 64)
+        n_threads = 64;
+    double best = 0.0;
+    for (int pass = 0; pass < 3; pass++) {
+        pthread_barrier_t bar;
+        pthread_barrier_init(&bar, NULL, (unsigned)n_threads);
+        struct fma_arg args[64];
+        for (int i = 0; i < n_threads; i++)
+            args[i] = (struct fma_arg){&bar, 0, 0, 0};
+        run_threads(n_threads, fma_thread, args, sizeof(args[0]));
+        double t0 = args[0].t0, t1 = args[0].t1;
+        for (int i = 1; i < n_threads; i++) {
+            if (args[i].t0 < t0)
+                t0 = args[i].t0;
+            if (args[i].t1 > t1)
+                t1 = args[i].t1;
+        }
+        pthread_barrier_destroy(&bar);
+        double flops = (double)FMA_ITERS * 12 * 8 * 2 * n_threads / (t1 - t0);
+        if (flops > best)
+            best = flops;
+    }
+    return best;
+#else
+    (void)n_threads;
+    return 0.0;
+#endif
+}

@@ -1,0 +1,496 @@
+/* AVX2 + FMA + F16C inner loops of the CPU backend. Each reproduces the canonical order of pp__dot
+ * (kernels/cpu/cpu-impl.h) exactly: a ymm register holds the eight lanes of one output element,
+ * every step is one fused multiply-add of eight consecutive elements, a ragged tail is one more
+ * step with both operands zero-padded, and merge8 is the fixed lane merge.
+ *
+ * Matmul runs one of two loop nests over the same arithmetic:
+ *  - up to PP_MM_DIRECT_MAX_TOKENS tokens (decode, small microbatches): weights are read straight
+ *    from the mapped file and converted in registers (F16C, bf16 shift, int8 → f32 times the block
+ *    scale), 4 rows × up to 3 tokens of accumulators per tile, so each weight byte comes from
+ *    memory once;
+ *  - more tokens (prefill, large microbatches): a panel of PP_MM_MC_MAX rows × PP_MM_KC elements
+ *    is converted once into f32 scratch, then a register-blocked micro-kernel (3 rows × 4 tokens
+ *    of accumulators) sweeps every token over it; partial lane sums live in scratch between
+ *    reduction chunks.
+ * The two nests differ only in where operands come from, never in the order of the arithmetic,
+ * so a token's result is the same alone or in any batch. */
+#include "kernels/cpu/simd.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu-impl.h"
+
+#define AI static inline __attribute__((always_inline))
+
+
+/* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), as pp__merge8. */
+AI float merge8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+/* Lanes [0, rem) all ones: a masked load reads only those and zeroes the rest. */
+AI __m256i tail_mask(int64_t rem)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem), idx);
+}
+
+AI float q8_scale(const uint8_t *block)
+{
+    uint16_t h;
+    memcpy(&h, block, 2);
+    return _cvtsh_ss(h);
+}
+
+AI __m256 ld_q8(const uint8_t *q, __m256 d)
+{
+    __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), d); /* d·q is exact in f32 */
+}
+
+/* Eight weights [k, k+8) of a stored row as f32 (k a multiple of 8, k + 8 <= cols). */
+AI __m256 ld_w(const char *row, enum pp_dtype dt, int64_t k)
+{
+    switch (dt) {
+    case PP_DTYPE_F32: return _mm256_loadu_ps((const float *)row + k);
+    case PP_DTYPE_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
+    case PP_DTYPE_BF16: {
+        const uint16_t *h = (const uint16_t *)row + k;
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    default: {
+        const uint8_t *b = (const uint8_t *)row + (k / PP_Q8_0_BLOCK) * PP_Q8_0_BYTES;
+        return ld_q8(b + 2 + k % PP_Q8_0_BLOCK, _mm256_set1_ps(q8_scale(b)));
+    }
+    }
+}
+
+/* The last rem (< 8) weights of a row from element k, zero-padded to eight (never Q8_0, whose rows
+ * are whole blocks). */
+static __m256 ld_w_tail(const char *row, enum pp_dtype dt, int64_t k, int64_t rem)
+{
+    float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t esz = dt == PP_DTYPE_F32 ? 4 : 2;
+    pp_row_to_f32(buf, row + k * esz, dt, rem);
+    return _mm256_loadu_ps(buf);
+}
+
+/* --- few tokens: weights straight from memory ------------------------------------------------- */
+
+/* y for rows [r, r+MR) × tokens [t, t+NT): MR·NT accumulators over the whole reduction. */
+AI void direct_tile(const struct pp_mm_args *a, enum pp_dtype dt, int MR, int NT, int64_t r,
+                    int64_t t)
+{
+    const char *rowp[4];
+    const float *xp[3];
+    __m256 acc[4][3];
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < MR; i++)
+        rowp[i] = (const char *)a->w + (r + i) * a->row_bytes;
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NT; j++)
+        xp[j] = a->x + (t + j) * a->cols;
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < MR; i++)
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    int64_t cols = a->cols, full = cols & ~(int64_t)7;
+    if (dt == PP_DTYPE_Q8_0) {
+        /* one scale per row per 32-element block, four steps under it */
+        for (int64_t k = 0; k < cols; k += PP_Q8_0_BLOCK) {
+            __m256 d[4];
+            const uint8_t *blk[4];
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < MR; i++) {
+                blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * PP_Q8_0_BYTES;
+                d[i] = _mm256_set1_ps(q8_scale(blk[i]));
+            }
+            _Pragma("GCC unroll 4")
+            for (int s = 0; s < PP_Q8_0_BLOCK; s += 8) {
+                __m256 wv[4];
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < MR; i++)
+                    wv[i] = ld_q8(blk[i] + 2 + s, d[i]);
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NT; j++) {
+                    __m256 xv = _mm256_loadu_ps(xp[j] + k + s);
+                    _Pragma("GCC unroll 4")
+                    for (int i = 0; i < MR; i++)
+                        acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+                }
+            }
+        }
+    } else {
+        for (int64_t k = 0; k < full; k += 8) {
+            __m256 wv[4];
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < MR; i++)
+                wv[i] = ld_w(rowp[i], dt, k);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++) {
+                __m256 xv = _mm256_loadu_ps(xp[j] + k);
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < MR; i++)
+                    acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+            }
+        }
+        if (full < cols) {
+            __m256i m = tail_mask(cols - full);
+            __m256 wv[4];
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < MR; i++)
+                wv[i] = ld_w_tail(rowp[i], dt, full, cols - full);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++) {
+                __m256 xv = _mm256_maskload_ps(xp[j] + full, m);
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < MR; i++)
+                    acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < MR; i++)
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++)
+            a->y[(t + j) * a->rows + r + i] = merge8(acc[i][j]);
+}
+
+AI void direct_rows(const struct pp_mm_args *a, enum pp_dtype dt, int MR, int64_t r)
+{
+    int64_t t = 0;
+    for (; t + 3 <= a->n; t += 3)
+        direct_tile(a, dt, MR, 3, r, t);
+    if (a->n - t == 2)
+        direct_tile(a, dt, MR, 2, r, t);
+    else if (a->n - t == 1)
+        direct_tile(a, dt, MR, 1, r, t);
+}
+
+AI void direct(const struct pp_mm_args *a, enum pp_dtype dt, int64_t r0, int64_t r1)
+{
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+        direct_rows(a, dt, 4, r);
+    for (; r < r1; r++)
+        direct_rows(a, dt, 1, r);
+}
+
+static void direct_f32(const struct pp_mm_args *a, int64_t r0, int64_t r1)
+{
+    direct(a, PP_DTYPE_F32, r0, r1);
+}
+
+static void direct_f16(const struct pp_mm_args *a, int64_t r0, int64_t r1)
+{
+    direct(a, PP_DTYPE_F16, r0, r1);
+}
+
+static void direct_bf16(const struct pp_mm_args *a, int64_t r0, int64_t r1)
+{
+    direct(a, PP_DTYPE_BF16, r0, r1);
+}
+
+static void direct_q8_0(const struct pp_mm_args *a, int64_t r0, int64_t r1)
+{
+    direct(a, PP_DTYPE_Q8_0, r0, r1);
+}
+
+/* --- many tokens: packed panels and the register-blocked micro-kernel ------------------------- */
+
+/* The micro-tile: MR rows × NR tokens of accumulators (12) + MR weight registers + one activation
+ * register fill the 16 ymm registers; each step loads MR + NR vectors for MR·NR FMAs. */
+#define MR 3
+#define NR 4
+
+/* Converts rows [r, r+mc) × elements [k0, k0+kl) into f32 micro-panels of MR rows: the eight
+ * weights of row i, step s of micro-panel p sit at panel[(p * steps + s) * MR * 8 + i * 8]. Rows
+ * past mc in the last micro-panel are zero. */
+AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t r, int64_t mc,
+             int64_t k0, int64_t kl)
+{
+    int64_t full = kl & ~(int64_t)7, steps = (kl + 7) / 8;
+    for (int64_t p = 0; p < mc; p += MR) {
+        float *pp = panel + (p / MR) * steps * MR * 8;
+        for (int i = 0; i < MR; i++) {
+            if (p + i >= mc) {
+                for (int64_t s = 0; s < steps; s++)
+                    _mm256_storeu_ps(pp + s * MR * 8 + i * 8, _mm256_setzero_ps());
+                continue;
+            }
+            const char *row = (const char *)a->w + (r + p + i) * a->row_bytes;
+            int64_t s = 0;
+            for (; s * 8 < full; s++)
+                _mm256_storeu_ps(pp + s * MR * 8 + i * 8, ld_w(row, dt, k0 + s * 8));
+            if (full < kl)
+                _mm256_storeu_ps(pp + s * MR * 8 + i * 8, ld_w_tail(row, dt, k0 + full, kl - full));
+        }
+    }
+}
+
+static void pack_f32(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                     int64_t kl)
+{
+    pack(p, a, PP_DTYPE_F32, r, mc, k0, kl);
+}
+
+static void pack_f16(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                     int64_t kl)
+{
+    pack(p, a, PP_DTYPE_F16, r, mc, k0, kl);
+}
+
+static void pack_bf16(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                      int64_t kl)
+{
+    pack(p, a, PP_DTYPE_BF16, r, mc, k0, kl);
+}
+
+static void pack_q8_0(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                      int64_t kl)
+{
+    pack(p, a, PP_DTYPE_Q8_0, r, mc, k0, kl);
+}
+
+/* Where one micro-tile's operands and results are. */
+struct tile {
+    const float *pp;  /* micro-panel [steps][MR][8] */
+    const float *x;   /* first token's activations at the chunk start; tokens are ldx apart */
+    int64_t ldx;
+    int64_t full;     /* whole steps in the chunk, in elements */
+    int64_t rem;      /* elements of the zero-padded last step, 0 if none */
+    float *acc;       /* lane sums of (row i, token j) at acc + i * lda + j * 8 */
+    int64_t lda;
+    int first, last;  /* first chunk: start from zero; last: merge into y */
+    float *y;         /* y of (row 0, token 0); token j, row i at y + j * ldy + i */
+    int64_t ldy;
+    int rows;         /* valid rows of the MR */
+};
+
+/* MR rows × NT tokens over one chunk. */
+AI void micro(const struct tile *m, int NT)
+{
+    __m256 acc[MR][NR];
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < MR; i++)
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++)
+            acc[i][j] = m->first ? _mm256_setzero_ps()
+                                 : _mm256_loadu_ps(m->acc + i * m->lda + j * 8);
+    const float *pp = m->pp;
+    const float *xs[NR];
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NR; j++)
+        xs[j] = m->x + (j < NT ? j : 0) * m->ldx;
+    for (int64_t k = 0; k < m->full; k += 8, pp += MR * 8) {
+        __m256 w[MR];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < MR; i++)
+            w[i] = _mm256_loadu_ps(pp + i * 8);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++) {
+            __m256 xv = _mm256_loadu_ps(xs[j] + k);
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < MR; i++)
+                acc[i][j] = _mm256_fmadd_ps(w[i], xv, acc[i][j]);
+        }
+    }
+    if (m->rem) {
+        __m256i mk = tail_mask(m->rem);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++) {
+            __m256 xv = _mm256_maskload_ps(xs[j] + m->full, mk);
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < MR; i++)
+                acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(pp + i * 8), xv, acc[i][j]);
+        }
+    }
+    if (m->last) {
+        for (int i = 0; i < m->rows; i++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++)
+                m->y[j * m->ldy + i] = merge8(acc[i][j]);
+    } else {
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < MR; i++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++)
+                _mm256_storeu_ps(m->acc + i * m->lda + j * 8, acc[i][j]);
+    }
+}
+
+__attribute__((noinline)) static void micro1(const struct tile *m)
+{
+    micro(m, 1);
+}
+
+__attribute__((noinline)) static void micro2(const struct tile *m)
+{
+    micro(m, 2);
+}
+
+__attribute__((noinline)) static void micro3(const struct tile *m)
+{
+    micro(m, 3);
+}
+
+__attribute__((noinline)) static void micro4(const struct tile *m)
+{
+    micro(m, 4);
+}
+
+typedef void (*pack_fn)(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                        int64_t kl);
+
+static void packed(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                   const struct pp_mm_scratch *s, pack_fn packer)
+{
+    static void (*const micros[NR + 1])(const struct tile *) = {NULL, micro1, micro2, micro3,
+                                                                 micro4};
+    int64_t cols = a->cols;
+    const int64_t mc = PP_MM_MC_MAX / MR * MR;
+    for (int64_t t0 = 0; t0 < a->n; t0 += PP_MM_NC_MAX) {
+        int64_t nc = a->n - t0 < PP_MM_NC_MAX ? a->n - t0 : PP_MM_NC_MAX;
+        /* a super-block of rows whose partial sums (sb × nc × 8 floats) fit the acc scratch: each
+         * chunk of x then serves all its panels while it is in L2 */
+        int64_t sb = PP_MM_ACC_CAP / (nc * 8) / MR * MR;
+        for (int64_t rs = r0; rs < r1; rs += sb) {
+            int64_t rs1 = r1 - rs < sb ? r1 : rs + sb;
+            for (int64_t k0 = 0; k0 < cols; k0 += PP_MM_KC) {
+                int64_t kl = cols - k0 < PP_MM_KC ? cols - k0 : PP_MM_KC;
+                int64_t steps = (kl + 7) / 8;
+                struct tile m;
+                m.ldx = cols;
+                m.full = kl & ~(int64_t)7;
+                m.rem = kl - m.full;
+                m.lda = nc * 8;
+                m.first = k0 == 0;
+                m.last = k0 + kl == cols;
+                m.ldy = a->rows;
+                for (int64_t rb = rs; rb < rs1; rb += mc) {
+                    int64_t mcl = rs1 - rb < mc ? rs1 - rb : mc;
+                    packer(s->panel, a, rb, mcl, k0, kl);
+                    /* a token group's chunk stays in L1 while it sweeps the panel, also in L1 */
+                    for (int64_t t = 0; t < nc; t += NR) {
+                        int64_t left = nc - t < NR ? nc - t : NR;
+                        m.x = a->x + (t0 + t) * cols + k0;
+                        for (int64_t p = 0; p < mcl; p += MR) {
+                            m.pp = s->panel + (p / MR) * steps * MR * 8;
+                            m.rows = mcl - p < MR ? (int)(mcl - p) : MR;
+                            m.acc = s->acc + ((rb - rs + p) * nc + t) * 8;
+                            m.y = a->y + (t0 + t) * a->rows + rb + p;
+                            micros[left](&m);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void matmul_rows_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                             const struct pp_mm_scratch *s)
+{
+    if (a->n <= PP_MM_DIRECT_MAX_TOKENS) {
+        switch (a->dtype) {
+        case PP_DTYPE_F32: direct_f32(a, r0, r1); break;
+        case PP_DTYPE_F16: direct_f16(a, r0, r1); break;
+        case PP_DTYPE_BF16: direct_bf16(a, r0, r1); break;
+        default: direct_q8_0(a, r0, r1); break;
+        }
+        return;
+    }
+    switch (a->dtype) {
+    case PP_DTYPE_F32: packed(a, r0, r1, s, pack_f32); break;
+    case PP_DTYPE_F16: packed(a, r0, r1, s, pack_f16); break;
+    case PP_DTYPE_BF16: packed(a, r0, r1, s, pack_bf16); break;
+    default: packed(a, r0, r1, s, pack_q8_0); break;
+    }
+}
+
+static float dot_avx2(const float *a, const float *b, int64_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int64_t full = n & ~(int64_t)7;
+    for (int64_t i = 0; i < full; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    if (full < n) {
+        __m256i m = tail_mask(n - full);
+        __m256 av = _mm256_maskload_ps(a + full, m), bv = _mm256_maskload_ps(b + full, m);
+        acc = _mm256_fmadd_ps(av, bv, acc);
+    }
+    return merge8(acc);
+}
+
+static void axpy_avx2(float *y, float a, const float *x, int64_t n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 r = _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i));
+        _mm256_storeu_ps(y + i, r);
+    }
+    for (; i < n; i++)
+        y[i] = fmaf(a, x[i], y[i]);
+}
+
+static void f16_avx2(float *dst, const void *src, int64_t n)
+{
+    const uint16_t *s = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++)
+        dst[i] = pp_f16_to_f32(s[i]);
+}
+
+static void bf16_avx2(float *dst, const void *src, int64_t n)
+{
+    const uint16_t *s = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(s + i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    }
+    for (; i < n; i++)
+        dst[i] = pp_bf16_to_f32(s[i]);
+}
+
+static const struct pp_simd avx2 = {"avx2", matmul_rows_avx2, dot_avx2, axpy_avx2, f16_avx2,
+                                    bf16_avx2};
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+const struct pp_simd *pp__simd_avx2(void)
+{
+    return &avx2;
+}
+
+#else
+
+const struct pp_simd *pp__simd_avx2(void)
+{
+    return 0;
+}
+
+#endif
