@@ -74,3 +74,14 @@ size_t pp_utf8_invalid_len(const unsigned char *s, size_t avail)
     size_t n, k = matched(s, avail, &n);
     return k > 0 ? k : 1;
 }
+
+size_t pp_utf8_step(const unsigned char *s, size_t avail)
+{
+    size_t n = s[0] < 0xc0 ? 1 : s[0] < 0xe0 ? 2 : s[0] < 0xf0 ? 3 : 4;
+    if (n > avail)
+        return 1;
+    for (size_t i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 1;
+    return n;
+}

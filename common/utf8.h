@@ -16,4 +16,9 @@ int pp_utf8_is_prefix(const unsigned char *s, size_t avail);
  * of a valid character present there), at least 1; Unicode's recommended practice. */
 size_t pp_utf8_invalid_len(const unsigned char *s, size_t avail);
 
+/* Bytes to step over at s: the length its lead byte announces when the continuation bytes are
+ * there, else 1. Lenient (overlong forms and surrogates count as characters): for walking text
+ * character by character, not for validating it. */
+size_t pp_utf8_step(const unsigned char *s, size_t avail);
+
 #endif

@@ -10,6 +10,7 @@
  * entry is current exactly when both are alive, adjacent and that length is unchanged. */
 #include <string.h>
 
+#include "common/utf8.h"
 #include "common/alloc.h"
 #include "model/tokenizer-impl.h"
 
@@ -122,17 +123,6 @@ static void try_pair(const struct pp_tokenizer *t, const char *text, struct pp__
     heap_push(h, c);
 }
 
-static size_t utf8_char_len(const unsigned char *s, size_t avail)
-{
-    size_t n = s[0] < 0xc0 ? 1 : s[0] < 0xe0 ? 2 : s[0] < 0xf0 ? 3 : 4;
-    if (n > avail)
-        return 1;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 1;
-    return n;
-}
-
 static void put_id(struct pp_buf *out, int32_t id)
 {
     pp_buf_put(out, &id, sizeof(id));
@@ -184,7 +174,7 @@ pp_status pp__tok_encode_piece(const struct pp_tokenizer *t, const char *p, size
     struct pp__merge_sym *sym = s->sym;
     int32_t ns = 0;
     for (size_t i = 0; i < tn;) {
-        size_t cl = utf8_char_len((const unsigned char *)text + i, tn - i);
+        size_t cl = pp_utf8_step((const unsigned char *)text + i, tn - i);
         sym[ns] = (struct pp__merge_sym){(int32_t)i, (int32_t)cl, ns - 1, ns + 1,
                                          pp__tok_lookup(t, text + i, cl)};
         ns++;

@@ -5,6 +5,7 @@
  * Without PCRE2 (PP_ENGINE_ONLY builds) compiling reports PP_ERR_UNSUPPORTED. */
 #include <string.h>
 
+#include "common/utf8.h"
 #include "common/alloc.h"
 #include "model/tokenizer-impl.h"
 
@@ -79,18 +80,6 @@ void pp__tok_regex_free(void *re)
     pcre2_code_free(re);
 }
 
-/* Bytes in the character at s (1 for an invalid byte), to step past an empty match. */
-static size_t char_len(const unsigned char *s, size_t avail)
-{
-    size_t n = s[0] < 0xc0 ? 1 : s[0] < 0xe0 ? 2 : s[0] < 0xf0 ? 3 : 4;
-    if (n > avail)
-        return 1;
-    for (size_t i = 1; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 1;
-    return n;
-}
-
 static pp_status split_one(pcre2_code *re, pcre2_match_data *md, const char *text,
                            struct pp__span sp, struct pp__spans *out)
 {
@@ -103,13 +92,13 @@ static pp_status split_one(pcre2_code *re, pcre2_match_data *md, const char *tex
             break;
         if (rc < 0) {
             /* a resource limit on a pathological input: step one character and go on */
-            pos += char_len(subj + pos, sp.len - pos);
+            pos += pp_utf8_step(subj + pos, sp.len - pos);
             continue;
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = ov[0], me = ov[1];
         if (me <= ms) { /* empty match: none of our patterns has one, but never loop on it */
-            pos = ms + char_len(subj + ms, sp.len - ms);
+            pos = ms + pp_utf8_step(subj + ms, sp.len - ms);
             continue;
         }
         if (ms > gap)
