@@ -215,19 +215,10 @@ static int teardown(void **state)
     return 0;
 }
 
-static void write_file(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    if (n)
-        assert_int_equal(fwrite(p, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
-
 /* Opens bytes written to the test path; returns the status (the parse is freed on success). */
 static pp_status open_bytes(struct ctx *c, const void *p, size_t n)
 {
-    write_file(c->path, p, n);
+    pp_test_write_file(c->path, p, n);
     struct pp_gguf *g = NULL;
     pp_error_clear();
     pp_status st = pp_gguf_open(c->path, &g);
@@ -264,7 +255,7 @@ static int str_is(struct pp_gguf_str s, const char *z)
 static void test_parse_valid(void **state)
 {
     struct ctx *c = *state;
-    write_file(c->path, c->good.p, c->good.len);
+    pp_test_write_file(c->path, c->good.p, c->good.len);
     struct pp_gguf *g = NULL;
     assert_int_equal(pp_gguf_open(c->path, &g), PP_OK);
     assert_int_equal(g->version, 3);
@@ -365,7 +356,7 @@ static void test_version_2_and_default_alignment(void **state)
     /* renaming general.alignment leaves the default 32, to which offsets 0/128/256 conform; the data
      * start moves to the next multiple of 32 (it already is one of 64) */
     b.p[c->l.align_type - 1] = 'x'; /* the key's last byte: "general.alignmenx" */
-    write_file(c->path, b.p, b.len);
+    pp_test_write_file(c->path, b.p, b.len);
     struct pp_gguf *g = NULL;
     assert_int_equal(pp_gguf_open(c->path, &g), PP_OK);
     assert_int_equal(g->alignment, 32);
@@ -406,7 +397,7 @@ static void test_bad_magic_and_version(void **state)
 
     /* a safetensors file or random text given by mistake */
     const char text[] = "{\"not\": \"gguf\"} and some more text";
-    write_file(c->path, text, sizeof(text));
+    pp_test_write_file(c->path, text, sizeof(text));
     struct pp_gguf *g = NULL;
     assert_int_equal(pp_gguf_open(c->path, &g), PP_ERR_FORMAT);
     assert_non_null(strstr(pp_error_detail(), "magic"));
@@ -536,7 +527,7 @@ static void test_empty_and_missing_files(void **state)
 static void test_alloc_failures(void **state)
 {
     struct ctx *c = *state;
-    write_file(c->path, c->good.p, c->good.len);
+    pp_test_write_file(c->path, c->good.p, c->good.len);
     int64_t before = pp_mem_live(PP_MEM_MISC);
     int nth;
     for (nth = 1; nth < 20; nth++) {

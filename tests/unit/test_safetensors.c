@@ -51,18 +51,9 @@ static size_t build(const char *header, size_t data_len, uint8_t **out)
     return n;
 }
 
-static void write_file(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    if (n)
-        assert_int_equal(fwrite(p, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
-
 static pp_status open_bytes(struct ctx *c, const void *p, size_t n)
 {
-    write_file(c->path, p, n);
+    pp_test_write_file(c->path, p, n);
     struct pp_safetensors *s = NULL;
     pp_error_clear();
     pp_status st = pp_safetensors_open(c->path, &s);
@@ -102,7 +93,7 @@ static void test_parse_valid(void **state)
     struct ctx *c = *state;
     uint8_t *p;
     size_t n = build(good_header, GOOD_DATA, &p);
-    write_file(c->path, p, n);
+    pp_test_write_file(c->path, p, n);
     struct pp_safetensors *s = NULL;
     assert_int_equal(pp_safetensors_open(c->path, &s), PP_OK);
     assert_int_equal(s->n, 5); /* __metadata__ is not a tensor */
@@ -274,7 +265,7 @@ static void test_unsupported_dtypes_flagged(void **state)
                      " \"long\": {\"dtype\": \"A_VERY_LONG_DTYPE_NAME\", \"shape\": [1],"
                      " \"data_offsets\": [5, 6]}}",
                      6, &p);
-    write_file(c->path, p, n);
+    pp_test_write_file(c->path, p, n);
     struct pp_safetensors *s = NULL;
     assert_int_equal(pp_safetensors_open(c->path, &s), PP_OK);
     assert_int_equal(s->n, 3);
@@ -313,7 +304,7 @@ static void test_alloc_failures(void **state)
     struct ctx *c = *state;
     uint8_t *p;
     size_t n = build(good_header, GOOD_DATA, &p);
-    write_file(c->path, p, n);
+    pp_test_write_file(c->path, p, n);
     free(p);
     int64_t before = pp_mem_live(PP_MEM_MISC);
     int nth;

@@ -35,3 +35,12 @@ void pp_test_small_spec(struct pp_synth_spec *s)
     s->vocab_size = 300;
     s->max_context = 128;
 }
+
+void pp_test_write_file(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    if (n)
+        assert_int_equal(fwrite(p, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}

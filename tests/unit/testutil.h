@@ -14,6 +14,9 @@
 char *pp_test_tmpdir(void);
 void pp_test_rmdir(char *dir);
 
+/* Writes n bytes to path (replacing it), asserting success. */
+void pp_test_write_file(const char *path, const void *p, size_t n);
+
 /* A small llama-shaped spec: dim 64, 3 layers, 4 heads, 2 KV heads, ffn 96, vocab 300, ctx 128. */
 void pp_test_small_spec(struct pp_synth_spec *s);
 
