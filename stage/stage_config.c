@@ -1,0 +1,56 @@
+/* The stage daemon's configuration table. */
+#include "stage/stage_config.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/log.h"
+
+#define KEY(name, type, field, min, max, help)                                                     \
+    {name, type, offsetof(struct pp_stage_config, field), min, max, help}
+
+const struct pp_cfg_key pp_stage_config_keys[] = {
+    KEY("coordinator", PP_CFG_STRING, coordinator, 0, 0, "host:port of the coordinator (required)"),
+    KEY("listen", PP_CFG_STRING, listen, 0, 0, "host:port to serve on"),
+    KEY("advertise", PP_CFG_STRING, advertise, 0, 0, "host:port others reach this stage at"),
+    KEY("model_root", PP_CFG_STRING, model_root, 0, 0, "folder models are loaded from"),
+    KEY("threads", PP_CFG_INT, threads, 1, 1024, "compute threads"),
+    KEY("kv_mb", PP_CFG_INT, kv_mb, 1, 1 << 24, "KV cache budget in MiB"),
+    KEY("max_batch_tokens", PP_CFG_INT, max_batch_tokens, 1, 1 << 16, "rows computed together"),
+    KEY("queue_depth", PP_CFG_INT, queue_depth, 1, 1024, "microbatches queued before reading stops"),
+    KEY("heartbeat_ms", PP_CFG_INT, heartbeat_ms, 50, 60000, "heartbeat period"),
+    KEY("grace_ms", PP_CFG_INT, grace_ms, 0, 600000, "drain time on SIGTERM"),
+    KEY("log_level", PP_CFG_STRING, log_level, 0, 0, "debug | info | warn | error"),
+};
+const int pp_stage_config_n_keys = (int)(sizeof(pp_stage_config_keys) / sizeof(pp_stage_config_keys[0]));
+
+void pp_stage_config_defaults(struct pp_stage_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    snprintf(c->listen, sizeof(c->listen), "0.0.0.0:7100");
+    snprintf(c->model_root, sizeof(c->model_root), "/models");
+    snprintf(c->log_level, sizeof(c->log_level), "info");
+    c->threads = 2;
+    c->kv_mb = 1024;
+    c->max_batch_tokens = 512;
+    c->queue_depth = 4;
+    c->heartbeat_ms = 1000;
+    c->grace_ms = 10000;
+}
+
+pp_status pp_stage_config_check(const struct pp_stage_config *c)
+{
+    if (!c->coordinator[0])
+        return pp_error(PP_ERR_INVALID_ARG, "key 'coordinator': a host:port is required");
+    if (!strchr(c->listen, ':'))
+        return pp_error(PP_ERR_INVALID_ARG, "key 'listen': expected host:port, got '%s'", c->listen);
+    if (pp_log_level_parse(c->log_level) < 0)
+        return pp_error(PP_ERR_INVALID_ARG, "key 'log_level': expected debug, info, warn or error, "
+                        "got '%s'", c->log_level);
+    struct stat sb;
+    if (stat(c->model_root, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return pp_error(PP_ERR_INVALID_ARG, "key 'model_root': '%s' is not a folder", c->model_root);
+    return PP_OK;
+}

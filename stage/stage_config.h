@@ -1,0 +1,30 @@
+/* The stage daemon's configuration: one typed table (stage_config.c) read from a libconfig file
+ * (deploy/config/stage.cfg documents every key) and overridden by `--key value` flags. */
+#ifndef PP_STAGE_CONFIG_H
+#define PP_STAGE_CONFIG_H
+
+#include "common/config.h"
+
+struct pp_stage_config {
+    char coordinator[PP_CFG_STR_MAX]; /* host:port of the coordinator's control service */
+    char listen[PP_CFG_STR_MAX];      /* host:port this stage serves on */
+    char advertise[PP_CFG_STR_MAX];   /* host:port others reach it at ("" = listen) */
+    char model_root[PP_CFG_STR_MAX];  /* models are loaded only from below this folder */
+    int64_t threads;                  /* compute threads */
+    int64_t kv_mb;                    /* KV cache budget */
+    int64_t max_batch_tokens;         /* rows computed together */
+    int64_t queue_depth;              /* microbatches waiting before the stage stops reading */
+    int64_t heartbeat_ms;             /* heartbeat period to the coordinator */
+    int64_t grace_ms;                 /* drain time on SIGTERM */
+    char log_level[PP_CFG_STR_MAX];   /* debug | info | warn | error */
+};
+
+extern const struct pp_cfg_key pp_stage_config_keys[];
+extern const int pp_stage_config_n_keys;
+
+void pp_stage_config_defaults(struct pp_stage_config *c);
+/* Checks what one key alone cannot: a coordinator address is given, log_level is known,
+ * model_root is a folder. */
+pp_status pp_stage_config_check(const struct pp_stage_config *c);
+
+#endif
