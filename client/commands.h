@@ -4,6 +4,7 @@
 
 int pp_cmd_run(int argc, char **argv);
 int pp_cmd_synth(int argc, char **argv);
+int pp_cmd_inspect(int argc, char **argv);
 int pp_cmd_devices(int argc, char **argv);
 int pp_cmd_tokenize(int argc, char **argv);
 int pp_cmd_detokenize(int argc, char **argv);

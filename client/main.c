@@ -14,6 +14,7 @@ struct command {
 
 static const struct command commands[] = {
     {"run", pp_cmd_run, "generate from a model in this process"},
+    {"inspect", pp_cmd_inspect, "show a model's shape, RoPE layout, tokenizer and identity"},
     {"synth", pp_cmd_synth, "write a synthetic model (GGUF and/or HF) for demos and tests"},
     {"tokenize", pp_cmd_tokenize, "print the token ids of a text (or --bench a file's MB/s)"},
     {"detokenize", pp_cmd_detokenize, "print the text of token ids"},

@@ -344,3 +344,30 @@ pp_status pp_hf_tensor(struct pp_hf_checkpoint *h, const char *name, const struc
     *out = &e->t;
     return PP_OK;
 }
+
+pp_status pp_hf_for_each_tensor(struct pp_hf_checkpoint *h,
+                                void (*fn)(void *ud, const char *name, size_t name_len,
+                                           const struct pp_tensor *t),
+                                void *ud)
+{
+    for (int i = 0; i < h->n_shards; i++) {
+        struct shard *sh = &h->shards[i];
+        if (!sh->st) {
+            char path[PATH_MAX * 2];
+            snprintf(path, sizeof(path), "%s/%s", h->dir, sh->file);
+            pp_status st = pp_safetensors_open(path, &sh->st);
+            if (st != PP_OK)
+                return st;
+        }
+        for (int64_t k = 0; k < sh->st->n; k++) {
+            const struct pp_safetensors_entry *e = &sh->st->entries[k];
+            struct pp_tensor t = e->t;
+            if (!e->supported) {
+                t.dtype = PP_DTYPE_COUNT;
+                t.data = NULL;
+            }
+            fn(ud, e->name, strlen(e->name), &t);
+        }
+    }
+    return PP_OK;
+}

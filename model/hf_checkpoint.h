@@ -4,6 +4,8 @@
 #ifndef PP_HF_CHECKPOINT_H
 #define PP_HF_CHECKPOINT_H
 
+#include <stddef.h>
+
 #include "common/status.h"
 #include "model/model_config.h"
 #include "model/tensor.h"
@@ -21,5 +23,12 @@ const struct pp_model_config *pp_hf_config(const struct pp_hf_checkpoint *h);
 pp_status pp_hf_tensor(struct pp_hf_checkpoint *h, const char *name, const struct pp_tensor **out);
 
 const char *pp_hf_dir(const struct pp_hf_checkpoint *h);
+
+/* Calls fn for every tensor of every shard (mapping them all), in file order; tensors of a dtype
+ * this build cannot read are visited too (with their dtype field unset: PP_DTYPE_COUNT). */
+pp_status pp_hf_for_each_tensor(struct pp_hf_checkpoint *h,
+                                void (*fn)(void *ud, const char *name, size_t name_len,
+                                           const struct pp_tensor *t),
+                                void *ud);
 
 #endif

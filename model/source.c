@@ -132,3 +132,18 @@ pp_status pp__source_tensor(struct pp_source *s, const char *gguf_name, const st
     return PP_ERR_NOT_FOUND;
 #endif
 }
+
+pp_status pp__source_for_each_tensor(struct pp_source *s, pp__tensor_visit_fn fn, void *ud)
+{
+    if (s->format == PP_FORMAT_GGUF) {
+        for (int64_t i = 0; i < s->gguf->n_tensors; i++)
+            fn(ud, s->gguf->tensors[i].name.ptr, s->gguf->tensors[i].name.len,
+               &s->gguf->tensors[i].t);
+        return PP_OK;
+    }
+#ifdef PP_HAVE_JANSSON
+    return pp_hf_for_each_tensor(s->hf, fn, ud);
+#else
+    return pp_error(PP_ERR_UNSUPPORTED, "HF checkpoints need jansson");
+#endif
+}

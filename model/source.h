@@ -4,6 +4,7 @@
 #define PP_SOURCE_H
 
 #include <limits.h>
+#include <stddef.h>
 
 #include "common/status.h"
 #include "model/model_config.h"
@@ -27,6 +28,11 @@ void pp__source_free(struct pp_source *s);
 
 /* Looks up a tensor by GGUF name. PP_ERR_NOT_FOUND (without a message) when the model lacks it. */
 pp_status pp__source_tensor(struct pp_source *s, const char *gguf_name, const struct pp_tensor **out);
+
+/* Calls fn for every tensor of the model (every shard of an HF checkpoint is mapped). */
+typedef void (*pp__tensor_visit_fn)(void *ud, const char *name, size_t name_len,
+                                    const struct pp_tensor *t);
+pp_status pp__source_for_each_tensor(struct pp_source *s, pp__tensor_visit_fn fn, void *ud);
 
 /* Reads the hyper-parameters of a GGUF file (model/gguf_config.c). */
 pp_status pp__gguf_read_config(const struct pp_gguf *g, const char *path,

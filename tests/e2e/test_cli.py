@@ -241,3 +241,16 @@ def test_checkpoint_without_tokenizer_runs_from_ids(model, tmp_path):
     assert len(streamed) == 3 and all(s.isdigit() for s in streamed)
     p = run_fail(["run", "--model", str(hf), "--prompt", "hello"])
     assert "tokenizer" in p.stderr
+
+
+def test_inspect(model, tmp_path):
+    out = json.loads(run([PPSERVE, "inspect", "--model", str(model / "model.gguf"), "--json"]).stdout)
+    assert out["format"] == "gguf" and out["arch"] == "llama"
+    assert (out["dim"], out["layers"], out["heads"], out["kv_heads"], out["vocab"]) == (64, 3, 4, 2, 300)
+    assert out["rope_layout"] == "interleaved" and out["identity"].startswith("ppid1-")
+    hf = json.loads(run([PPSERVE, "inspect", "--model", str(model / "hf"), "--json"]).stdout)
+    assert hf["rope_layout"] == "rotate-half"
+    assert hf["identity"] != out["identity"]
+    again = json.loads(run([PPSERVE, "inspect", "--model", str(model / "hf"), "--json"]).stdout)
+    assert again["identity"] == hf["identity"]
+    assert "no such file" in run_fail(["inspect", "--model", str(tmp_path / "nope")]).stderr
