@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start 2: install the dependencies, build, and run every test: the engine-only build
-# (C compiler and libc alone) against the full build, the unit tests under ASan+UBSan, then all unit
-# and end-to-end tests (ctest) on the default build.
+# (C compiler and libc alone) against the full build, every test under ASan+UBSan (the end-to-end
+# tests then drive the sanitized ppserve), then all unit and end-to-end tests (ctest) on the default
+# build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -22,9 +23,9 @@ trap 'rm -rf "$tmp"' EXIT
 cmp "$tmp/engine.logits" "$tmp/full.logits"
 echo "engine-only build: logits bit-identical to the full build"
 
-echo "== unit tests under ASan+UBSan =="
+echo "== all tests under ASan+UBSan =="
 PP_BUILD_DIR=build-asan bash scripts/build.sh -DPP_SANITIZE=address,undefined -DPP_CUDA=OFF
-(cd build-asan && ctest --output-on-failure -L unit -j "$jobs")
+(cd build-asan && ctest --output-on-failure -j "$jobs")
 
 echo "== all tests =="
 (cd build && ctest --output-on-failure -j "$jobs")
