@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <libconfig.h>
+
+#include "common/log.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,4 +268,20 @@ void pp_config_usage(const struct pp_cfg_key *keys, int n_keys, const void *dest
         }
         printf("  --%-22s %s (now %s)\n", k->name, k->help, cur);
     }
+}
+
+pp_status pp_config_check_address(const char *key, const char *value)
+{
+    const char *colon = strrchr(value, ':');
+    if (!colon || colon == value || !colon[1])
+        return pp_error(PP_ERR_INVALID_ARG, "key '%s': expected host:port, got '%s'", key, value);
+    return PP_OK;
+}
+
+pp_status pp_config_check_log_level(const char *key, const char *value)
+{
+    if (pp_log_level_parse(value) < 0)
+        return pp_error(PP_ERR_INVALID_ARG, "key '%s': expected debug, info, warn or error, got '%s'",
+                        key, value);
+    return PP_OK;
 }

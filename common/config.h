@@ -48,6 +48,11 @@ pp_status pp_config_set(const struct pp_cfg_key *keys, int n_keys, void *dest, c
 pp_status pp_config_from_args(const struct pp_cfg_key *keys, int n_keys, void *dest, int argc,
                               char **argv);
 
+/* Checks shared by the daemons' tables: a host:port address, a log level name. The messages name
+ * the key. */
+pp_status pp_config_check_address(const char *key, const char *value);
+pp_status pp_config_check_log_level(const char *key, const char *value);
+
 /* Prints the keys with their help and current values (for --help). */
 void pp_config_usage(const struct pp_cfg_key *keys, int n_keys, const void *dest);
 

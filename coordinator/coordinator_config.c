@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/log.h"
 
 #define KEY(name, type, field, min, max, help)                                                     \
     {name, type, offsetof(struct pp_coordinator_config, field), min, max, help}
@@ -51,10 +50,9 @@ pp_status pp_coordinator_config_check(const struct pp_coordinator_config *c)
     if (c->layers.n != 0 && c->layers.n != c->stages)
         return pp_error(PP_ERR_INVALID_ARG, "key 'layers': expected one count per stage (%lld), "
                         "got %d", (long long)c->stages, c->layers.n);
-    if (!strchr(c->listen, ':'))
-        return pp_error(PP_ERR_INVALID_ARG, "key 'listen': expected host:port, got '%s'", c->listen);
-    if (pp_log_level_parse(c->log_level) < 0)
-        return pp_error(PP_ERR_INVALID_ARG, "key 'log_level': expected debug, info, warn or error, "
-                        "got '%s'", c->log_level);
+    pp_status st;
+    if ((st = pp_config_check_address("listen", c->listen)) != PP_OK ||
+        (st = pp_config_check_log_level("log_level", c->log_level)) != PP_OK)
+        return st;
     return PP_OK;
 }

@@ -6,7 +6,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/log.h"
 
 #define KEY(name, type, field, min, max, help)                                                     \
     {name, type, offsetof(struct pp_stage_config, field), min, max, help}
@@ -44,11 +43,10 @@ pp_status pp_stage_config_check(const struct pp_stage_config *c)
 {
     if (!c->coordinator[0])
         return pp_error(PP_ERR_INVALID_ARG, "key 'coordinator': a host:port is required");
-    if (!strchr(c->listen, ':'))
-        return pp_error(PP_ERR_INVALID_ARG, "key 'listen': expected host:port, got '%s'", c->listen);
-    if (pp_log_level_parse(c->log_level) < 0)
-        return pp_error(PP_ERR_INVALID_ARG, "key 'log_level': expected debug, info, warn or error, "
-                        "got '%s'", c->log_level);
+    pp_status st;
+    if ((st = pp_config_check_address("listen", c->listen)) != PP_OK ||
+        (st = pp_config_check_log_level("log_level", c->log_level)) != PP_OK)
+        return st;
     struct stat sb;
     if (stat(c->model_root, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return pp_error(PP_ERR_INVALID_ARG, "key 'model_root': '%s' is not a folder", c->model_root);
