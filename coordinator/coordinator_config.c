@@ -12,6 +12,7 @@
 const struct pp_cfg_key pp_coordinator_config_keys[] = {
     KEY("listen", PP_CFG_STRING, listen, 0, 0, "host:port for clients and stages"),
     KEY("model", PP_CFG_STRING, model, 0, 0, "model name under the stages' model_root (required)"),
+    KEY("model_root", PP_CFG_STRING, model_root, 0, 0, "the coordinator's copy of the models (tokenizer, identity)"),
     KEY("stages", PP_CFG_INT, stages, 1, 64, "stages per pipeline"),
     KEY("layers", PP_CFG_INTS, layers, 1, 4096, "layers per stage, e.g. [2, 3, 3] (default: planned)"),
     KEY("max_batch_tokens", PP_CFG_INT, max_batch_tokens, 1, 1 << 16, "token budget per microbatch"),
@@ -31,6 +32,7 @@ void pp_coordinator_config_defaults(struct pp_coordinator_config *c)
     memset(c, 0, sizeof(*c));
     snprintf(c->listen, sizeof(c->listen), "0.0.0.0:7000");
     snprintf(c->log_level, sizeof(c->log_level), "info");
+    snprintf(c->model_root, sizeof(c->model_root), "/models");
     c->stages = 2;
     c->max_batch_tokens = 512;
     c->queue_max = 256;

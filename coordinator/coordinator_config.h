@@ -8,6 +8,7 @@
 struct pp_coordinator_config {
     char listen[PP_CFG_STR_MAX];  /* host:port for the client API and the stages' control calls */
     char model[PP_CFG_STR_MAX];   /* model name, relative to every stage's model_root */
+    char model_root[PP_CFG_STR_MAX]; /* the coordinator's own copy: tokenizer, shapes, identity */
     int64_t stages;               /* stages per pipeline */
     struct pp_cfg_ints layers;    /* layers per stage; empty = planned from measured cost */
     int64_t max_batch_tokens;     /* token budget of one microbatch */

@@ -120,6 +120,10 @@ void pp_rpc_stream_close_send(struct pp_rpc_stream *st);
 void pp_rpc_stream_finish(struct pp_rpc_stream *st, pp_status status, const char *message);
 /* Either side: abandon the call now; the peer sees CANCELLED. */
 void pp_rpc_stream_cancel(struct pp_rpc_stream *st);
+/* Backpressure on receiving: after pause (typically from on_message), no further message is read
+ * until resume, so HTTP/2 flow control stalls the peer. on_end still arrives if the call ends. */
+void pp_rpc_stream_pause(struct pp_rpc_stream *st);
+void pp_rpc_stream_resume(struct pp_rpc_stream *st);
 /* Messages queued but not yet written (for backpressure). */
 size_t pp_rpc_stream_queued(struct pp_rpc_stream *st);
 /* Drops the application's reference; the stream is freed once the call is over too. */

@@ -30,6 +30,7 @@ struct pp_rpc_stream {
     grpc_byte_buffer *recv_buf;
     grpc_metadata_array initial_md;
     int recv_running;
+    int paused;          /* the application holds further receives (pp_rpc_stream_pause) */
     /* sending */
     struct qmsg *q_head, *q_tail;
     size_t q_len;
@@ -199,8 +200,14 @@ static void on_recv(struct pp_rpc_tag *tag, int ok)
         pthread_mutex_lock(&st->mu);
         if (s != PP_OK)
             grpc_call_cancel(st->call, NULL);
-        start_recv_locked(st, 0);
+        int paused = st->paused && s == PP_OK;
+        if (paused)
+            st->recv_running = 0;
+        else
+            start_recv_locked(st, 0);
         pthread_mutex_unlock(&st->mu);
+        if (paused)
+            maybe_end(st);
     } else {
         if (bb)
             grpc_byte_buffer_destroy(bb);
@@ -415,6 +422,23 @@ void pp_rpc_stream_finish(struct pp_rpc_stream *st, pp_status status, const char
 void pp_rpc_stream_cancel(struct pp_rpc_stream *st)
 {
     grpc_call_cancel(st->call, NULL); /* thread-safe in gRPC core */
+}
+
+void pp_rpc_stream_pause(struct pp_rpc_stream *st)
+{
+    pthread_mutex_lock(&st->mu);
+    st->paused = 1;
+    pthread_mutex_unlock(&st->mu);
+}
+
+void pp_rpc_stream_resume(struct pp_rpc_stream *st)
+{
+    pthread_mutex_lock(&st->mu);
+    int was = st->paused;
+    st->paused = 0;
+    if (was && !st->recv_running && !st->call_over && !st->end_delivered)
+        start_recv_locked(st, 0);
+    pthread_mutex_unlock(&st->mu);
 }
 
 size_t pp_rpc_stream_queued(struct pp_rpc_stream *st)
