@@ -19,6 +19,12 @@ static const struct command commands[] = {
     {"tokenize", pp_cmd_tokenize, "print the token ids of a text (or --bench a file's MB/s)"},
     {"detokenize", pp_cmd_detokenize, "print the text of token ids"},
     {"devices", pp_cmd_devices, "list the compute devices this build can use"},
+#ifdef PP_HAVE_RPC
+    {"cluster", pp_cmd_cluster, "start a coordinator and N stages on loopback (Ctrl-C stops them)"},
+    {"generate", pp_cmd_generate, "generate through a cluster's gRPC API"},
+    {"status", pp_cmd_status, "show a cluster's stages, load and health"},
+    {"trace", pp_cmd_trace, "write a cluster's pipeline timeline as Chrome-trace JSON"},
+#endif
 };
 
 static void usage(FILE *f)
