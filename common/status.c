@@ -15,6 +15,10 @@ static const char *const status_messages[PP_STATUS_COUNT] = {
     [PP_ERR_OUT_OF_RANGE] = "out of range",
     [PP_ERR_EXHAUSTED] = "resource exhausted",
     [PP_ERR_INTERNAL] = "internal error",
+    [PP_ERR_PRECONDITION] = "failed precondition",
+    [PP_ERR_UNAVAILABLE] = "unavailable",
+    [PP_ERR_TIMEOUT] = "deadline exceeded",
+    [PP_ERR_CANCELLED] = "cancelled",
 };
 
 static _Thread_local char detail[1024];

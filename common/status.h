@@ -19,6 +19,10 @@ enum pp_status {
     PP_ERR_OUT_OF_RANGE,  /* a position, length or index beyond a limit (e.g. the context) */
     PP_ERR_EXHAUSTED,     /* a pool (KV blocks, sequence slots) has no room */
     PP_ERR_INTERNAL,      /* a broken invariant of our own */
+    PP_ERR_PRECONDITION,  /* not in the state the operation needs (unassigned, another model) */
+    PP_ERR_UNAVAILABLE,   /* a peer (stage, coordinator) is down, unreachable or went away */
+    PP_ERR_TIMEOUT,       /* a deadline passed */
+    PP_ERR_CANCELLED,     /* the caller gave up */
     PP_STATUS_COUNT
 };
 

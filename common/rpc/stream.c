@@ -160,7 +160,7 @@ static void maybe_end(struct pp_rpc_stream *st)
     if (deliver) {
         if (st->is_server) {
             if (st->cancelled) {
-                end = PP_ERR_IO;
+                end = PP_ERR_CANCELLED;
                 snprintf(detail, sizeof(detail), "the client cancelled or went away");
             }
         } else if (st->status != GRPC_STATUS_OK) {

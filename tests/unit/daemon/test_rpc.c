@@ -201,7 +201,7 @@ static void test_unreachable_server(void **state)
     assert_int_equal(pp_rpc_channel_new("127.0.0.1:1", &ch), PP_OK);
     struct pp_buf out = {0};
     int code = -1;
-    assert_int_equal(pp_rpc_call_raw(ch, "/x.Y/Z", NULL, 0, 2000, &out, &code), PP_ERR_IO);
+    assert_int_equal(pp_rpc_call_raw(ch, "/x.Y/Z", NULL, 0, 2000, &out, &code), PP_ERR_UNAVAILABLE);
     assert_int_equal(code, GRPC_UNAVAILABLE);
     pp_buf_free(&out);
     pp_rpc_channel_free(ch);

@@ -222,7 +222,7 @@ static void test_client_goes_away(void **state)
     wait_done(&c);
     assert_int_not_equal(c.status, PP_OK);
     wait_server_end(ended_before + 1); /* the server noticed */
-    assert_int_equal(sv.end_status, PP_ERR_IO);
+    assert_int_equal(sv.end_status, PP_ERR_CANCELLED);
     pp_rpc_stream_release(st);
 }
 
@@ -234,7 +234,7 @@ static void test_refused_and_failed_streams(void **state)
     struct pp_rpc_stream *st;
     assert_int_equal(pp_rpc_stream_open(ch, "/t.T/Full", 5000, &collect_cbs, &c, &st), PP_OK);
     wait_done(&c);
-    assert_int_equal(c.status, PP_ERR_IO); /* UNAVAILABLE */
+    assert_int_equal(c.status, PP_ERR_UNAVAILABLE); /* UNAVAILABLE */
     assert_non_null(strstr(c.detail, "queue full"));
     pp_rpc_stream_release(st);
 
