@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static const char *const status_messages[PP_STATUS_COUNT] = {
     [PP_OK] = "ok",
@@ -32,10 +33,14 @@ const char *pp_strerror(pp_status st)
 
 pp_status pp_error(pp_status st, const char *fmt, ...)
 {
+    /* callers often wrap the previous detail ("...: %s", pp_error_detail()): format into a copy,
+     * since vsnprintf's output must not overlap its arguments */
+    char msg[sizeof(detail)];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof(detail), fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    memcpy(detail, msg, sizeof(detail));
     return st;
 }
 

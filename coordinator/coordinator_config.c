@@ -11,12 +11,13 @@
 
 const struct pp_cfg_key pp_coordinator_config_keys[] = {
     KEY("listen", PP_CFG_STRING, listen, 0, 0, "host:port for clients and stages"),
+    KEY("advertise", PP_CFG_STRING, advertise, 0, 0, "host:port the last stage delivers results to (\"\" = the address it registered with)"),
     KEY("model", PP_CFG_STRING, model, 0, 0, "model name under the stages' model_root (required)"),
     KEY("model_root", PP_CFG_STRING, model_root, 0, 0, "the coordinator's copy of the models (tokenizer, identity)"),
     KEY("stages", PP_CFG_INT, stages, 1, 64, "stages per pipeline"),
     KEY("layers", PP_CFG_INTS, layers, 1, 4096, "layers per stage, e.g. [2, 3, 3] (default: planned)"),
     KEY("max_batch_tokens", PP_CFG_INT, max_batch_tokens, 1, 1 << 16, "token budget per microbatch"),
-    KEY("microbatches", PP_CFG_INT, microbatches, 0, 256, "microbatches in flight (0 = stages)"),
+    KEY("microbatches", PP_CFG_INT, microbatches, 0, 256, "microbatches in flight (0 = one per stage; fewer idles stages)"),
     KEY("queue_max", PP_CFG_INT, queue_max, 0, 1 << 20, "requests waiting before RESOURCE_EXHAUSTED"),
     KEY("default_max_tokens", PP_CFG_INT, default_max_tokens, 1, 1 << 20, "for requests that say 0"),
     KEY("request_timeout_ms", PP_CFG_INT, request_timeout_ms, 100, 86400000, "longest request"),
@@ -53,6 +54,8 @@ pp_status pp_coordinator_config_check(const struct pp_coordinator_config *c)
         return pp_error(PP_ERR_INVALID_ARG, "key 'layers': expected one count per stage (%lld), "
                         "got %d", (long long)c->stages, c->layers.n);
     pp_status st;
+    if (c->advertise[0] && (st = pp_config_check_address("advertise", c->advertise)) != PP_OK)
+        return st;
     if ((st = pp_config_check_address("listen", c->listen)) != PP_OK ||
         (st = pp_config_check_log_level("log_level", c->log_level)) != PP_OK)
         return st;

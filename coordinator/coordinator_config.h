@@ -7,6 +7,7 @@
 
 struct pp_coordinator_config {
     char listen[PP_CFG_STR_MAX];  /* host:port for the client API and the stages' control calls */
+    char advertise[PP_CFG_STR_MAX]; /* where the last stage delivers results ("" = as registered) */
     char model[PP_CFG_STR_MAX];   /* model name, relative to every stage's model_root */
     char model_root[PP_CFG_STR_MAX]; /* the coordinator's own copy: tokenizer, shapes, identity */
     int64_t stages;               /* stages per pipeline */

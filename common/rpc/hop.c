@@ -79,6 +79,14 @@ void pp_hop_assembler_reset(struct pp_hop_assembler *a)
 /* The header against its own payload size and parts. */
 static pp_status check_header(const struct pp_hop_assembler *a, const Ppserve__V1__MicrobatchHeader *h)
 {
+    /* a microbatch some stage failed travels on to the end as its header alone */
+    if (h->error && h->error[0]) {
+        if (h->total_bytes != 0)
+            return pp_error(PP_ERR_INVALID_ARG, "microbatch %llu carries an error and %llu payload "
+                            "bytes (expected none)", (unsigned long long)h->microbatch_id,
+                            (unsigned long long)h->total_bytes);
+        return PP_OK;
+    }
     if (h->total_bytes > a->max_bytes)
         return pp_error(PP_ERR_EXHAUSTED, "microbatch %llu: %llu bytes, the limit is %llu",
                         (unsigned long long)h->microbatch_id, (unsigned long long)h->total_bytes,

@@ -39,7 +39,8 @@ void pp_hop_assembler_init(struct pp_hop_assembler *a, uint64_t max_bytes, int64
 void pp_hop_assembler_reset(struct pp_hop_assembler *a);
 
 /* Adds one chunk. *done = 1 when the microbatch is complete and valid: a->hdr and a->payload hold
- * it until the next reset. Any error leaves the assembler reset. */
+ * it until the next reset. A header with `error` set must announce no payload; its dtype, shape and
+ * parts are not checked (it is passed on, never computed). Any error leaves the assembler reset. */
 pp_status pp_hop_assembler_push(struct pp_hop_assembler *a, const Ppserve__V1__Chunk *c, int *done);
 
 #endif

@@ -169,12 +169,49 @@ static void test_handshake(void **state)
     pp_buf_free(&b);
 }
 
+/* A microbatch a stage failed travels as its header alone: no payload, whatever its shape says;
+ * an error header that still announces payload bytes is refused. */
+static void test_error_header(void **state)
+{
+    (void)state;
+    Ppserve__V1__MicrobatchHeader h;
+    Ppserve__V1__SeqPart p[2], *pp[2];
+    int64_t shape[2];
+    float *data;
+    make(&h, p, pp, shape, &data);
+    h.error = "sequence 9: expected pos 0 (tokens held), got 33";
+    h.error_code = 3;
+    struct sink s = {0};
+    assert_int_equal(pp_hop_encode(&h, NULL, 0, collect, &s), PP_OK);
+    assert_int_equal(s.n, 1);
+    struct pp_hop_assembler a;
+    pp_hop_assembler_init(&a, 64 << 20, DIM);
+    int done = 0;
+    assert_int_equal(pp_hop_assembler_push(&a, s.msgs[0]->chunk, &done), PP_OK);
+    assert_int_equal(done, 1);
+    assert_string_equal(a.hdr->error, h.error);
+    assert_int_equal(a.hdr->error_code, 3);
+    assert_int_equal(a.payload.len, 0);
+    pp_hop_assembler_reset(&a);
+    sink_free(&s);
+
+    s.msgs[0] = NULL;
+    Ppserve__V1__Chunk c = PPSERVE__V1__CHUNK__INIT;
+    h.total_bytes = 16;
+    c.header = &h;
+    c.microbatch_id = h.microbatch_id;
+    expect(pp_hop_assembler_push(&a, &c, &done), "carries an error and 16 payload bytes");
+    pp_hop_assembler_reset(&a);
+    free(data);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_bad_sequences),
         cmocka_unit_test(test_handshake),
+        cmocka_unit_test(test_error_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,121 @@
+/* A StatusResponse for people (a summary and one row per stage) and for scripts (one JSON object).
+ * Shared by `ppserve status` and `ppserve cluster`. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "client/remote/remote.h"
+#include "common/json_write.h"
+
+static const char *str_or(const char *s, const char *fallback)
+{
+    return s && s[0] ? s : fallback;
+}
+
+char *pp_remote_human_bytes(uint64_t n, char *out, size_t cap)
+{
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (n < 1024) {
+        snprintf(out, cap, "%" PRIu64 " B", n);
+        return out;
+    }
+    double v = (double)n / 1024.0;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(out, cap, "%.1f %s", v, units[u]);
+    return out;
+}
+
+void pp_remote_status_print(FILE *f, const Ppserve__V1__StatusResponse *s)
+{
+    fprintf(f, "model        %s\n", str_or(s->model, "-"));
+    fprintf(f, "model_id     %s\n", str_or(s->model_id, "-"));
+    fprintf(f, "state        %s\n", str_or(s->state, "-"));
+    fprintf(f, "requests     %u running, %u queued\n", s->requests_running, s->requests_queued);
+    fprintf(f, "tokens/s     %.1f\n", s->tokens_per_s);
+    fprintf(f, "bubble       %.1f%%\n", s->bubble_fraction * 100.0);
+    fprintf(f, "in flight    %u microbatches\n", s->microbatches_in_flight);
+    if (s->n_stages == 0) {
+        fprintf(f, "stages       none\n");
+        return;
+    }
+    /* the address column is as wide as the longest address */
+    int aw = (int)strlen("address");
+    for (size_t i = 0; i < s->n_stages; i++) {
+        int n = (int)strlen(str_or(s->stages[i]->address, "-"));
+        aw = n > aw ? n : aw;
+    }
+    fprintf(f, "\n%-5s  %-*s  %-11s  %-7s  %5s  %5s  %10s  %10s  %13s  %9s\n", "stage", aw,
+            "address", "layers", "healthy", "busy", "queue", "in", "out", "kv blocks", "tokens/s");
+    for (size_t i = 0; i < s->n_stages; i++) {
+        const Ppserve__V1__StageStatus *g = s->stages[i];
+        char layers[32], in[24], out[24], kv[32], busy[16];
+        snprintf(layers, sizeof(layers), "[%d,%d)", g->first_layer, g->last_layer);
+        snprintf(kv, sizeof(kv), "%u/%u", g->kv_blocks_used, g->kv_blocks_total);
+        snprintf(busy, sizeof(busy), "%.0f%%", g->busy_fraction * 100.0);
+        fprintf(f, "%-5u  %-*s  %-11s  %-7s  %5s  %5u  %10s  %10s  %13s  %9.1f\n", g->index, aw,
+                str_or(g->address, "-"), layers, g->healthy ? "yes" : "NO", busy, g->queue_depth,
+                pp_remote_human_bytes(g->bytes_in, in, sizeof(in)),
+                pp_remote_human_bytes(g->bytes_out, out, sizeof(out)), kv, g->tokens_per_s);
+    }
+}
+
+static void json_str(struct pp_json *j, const char *key, const char *v)
+{
+    pp_json_key(j, key);
+    pp_json_cstring(j, v ? v : "");
+}
+
+static void json_int(struct pp_json *j, const char *key, int64_t v)
+{
+    pp_json_key(j, key);
+    pp_json_int(j, v);
+}
+
+static void json_double(struct pp_json *j, const char *key, double v)
+{
+    pp_json_key(j, key);
+    pp_json_double(j, v);
+}
+
+void pp_remote_status_print_json(FILE *f, const Ppserve__V1__StatusResponse *s)
+{
+    struct pp_json j;
+    pp_json_init(&j);
+    pp_json_begin_object(&j);
+    json_str(&j, "model", s->model);
+    json_str(&j, "model_id", s->model_id);
+    json_str(&j, "state", s->state);
+    json_int(&j, "requests_running", s->requests_running);
+    json_int(&j, "requests_queued", s->requests_queued);
+    json_double(&j, "tokens_per_s", s->tokens_per_s);
+    json_double(&j, "bubble_fraction", s->bubble_fraction);
+    json_int(&j, "microbatches_in_flight", s->microbatches_in_flight);
+    pp_json_key(&j, "stages");
+    pp_json_begin_array(&j);
+    for (size_t i = 0; i < s->n_stages; i++) {
+        const Ppserve__V1__StageStatus *g = s->stages[i];
+        pp_json_begin_object(&j);
+        json_int(&j, "index", g->index);
+        json_str(&j, "address", g->address);
+        json_int(&j, "first_layer", g->first_layer);
+        json_int(&j, "last_layer", g->last_layer);
+        pp_json_key(&j, "healthy");
+        pp_json_bool(&j, g->healthy);
+        json_double(&j, "busy_fraction", g->busy_fraction);
+        json_int(&j, "queue_depth", g->queue_depth);
+        /* uint64 counters: below 2^63 for any real run */
+        json_int(&j, "bytes_in", (int64_t)g->bytes_in);
+        json_int(&j, "bytes_out", (int64_t)g->bytes_out);
+        json_int(&j, "kv_blocks_used", g->kv_blocks_used);
+        json_int(&j, "kv_blocks_total", g->kv_blocks_total);
+        json_double(&j, "tokens_per_s", g->tokens_per_s);
+        pp_json_end_object(&j);
+    }
+    pp_json_end_array(&j);
+    pp_json_end_object(&j);
+    fprintf(f, "%s\n", j.out.data && !j.out.failed ? j.out.data : "{}");
+    pp_json_free(&j);
+}

@@ -1,0 +1,156 @@
+/* The stage registry: RegisterStage and Heartbeat, and the liveness check that turns a silent stage
+ * into a failed pipeline within stage_timeout_ms. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "coordinator/coordinator.h"
+
+static struct co_stage *find_by_id(struct coordinator *co, uint64_t id)
+{
+    for (int i = 0; i < co->n_stages; i++)
+        if (co->stages[i].id == id)
+            return &co->stages[i];
+    return NULL;
+}
+
+static struct co_stage *find_by_address(struct coordinator *co, const char *addr)
+{
+    for (int i = 0; i < co->n_stages; i++)
+        if (strcmp(co->stages[i].address, addr) == 0)
+            return &co->stages[i];
+    return NULL;
+}
+
+static pp_status on_register(void *ud, const ProtobufCMessage *msg, struct pp_buf *resp)
+{
+    struct coordinator *co = ud;
+    const Ppserve__V1__RegisterRequest *req = (const Ppserve__V1__RegisterRequest *)msg;
+    if (req->protocol_version != PPSERVE__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT)
+        return pp_error(PP_ERR_PRECONDITION, "protocol version: this coordinator speaks %d, the "
+                        "stage %d", PPSERVE__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT,
+                        (int)req->protocol_version);
+    if (!req->advertised_address || !req->advertised_address[0] ||
+        strlen(req->advertised_address) >= sizeof(co->stages[0].address))
+        return pp_error(PP_ERR_INVALID_ARG, "advertised_address: expected host:port, got '%s'",
+                        req->advertised_address ? req->advertised_address : "");
+    Ppserve__V1__RegisterResponse out = PPSERVE__V1__REGISTER_RESPONSE__INIT;
+    pp_status st = PP_OK;
+    pthread_mutex_lock(&co->mu);
+    struct co_stage *s = find_by_address(co, req->advertised_address);
+    if (s && co->state != CO_WAITING) {
+        /* a stage we assigned came back without its state: the pipeline it was part of is gone */
+        if (co->state == CO_SERVING || co->state == CO_STARTING)
+            co_pipeline_down(co, "stage %s registered again (it restarted and lost its layers)",
+                             s->address);
+        s->last_seen = co_now();
+        out.stage_id = s->id;
+    } else if (s || co->state == CO_WAITING) {
+        if (!s) {
+            if (co->n_stages >= (int)co->cfg.stages) {
+                st = pp_error(PP_ERR_EXHAUSTED, "the pipeline already has its %d stages",
+                              co->n_stages);
+                goto out;
+            }
+            s = &co->stages[co->n_stages++];
+            memset(s, 0, sizeof(*s));
+            s->id = ++co->next_stage_id;
+            snprintf(s->address, sizeof(s->address), "%s", req->advertised_address);
+        }
+        s->weight_bps = req->weight_bytes_per_second;
+        s->memory_bytes = (int64_t)req->memory_bytes;
+        s->threads = req->compute_threads;
+        s->last_seen = co_now();
+        s->alive = 1;
+        out.stage_id = s->id;
+        PP_INFO("stage registered id=%llu address=%s threads=%u weight_gbps=%.2f (%d of %lld)",
+                (unsigned long long)s->id, s->address, s->threads, s->weight_bps / 1e9,
+                co->n_stages, (long long)co->cfg.stages);
+        pthread_cond_broadcast(&co->cond);
+    } else {
+        st = pp_error(PP_ERR_EXHAUSTED, "the pipeline already has its %d stages", co->n_stages);
+    }
+out:
+    pthread_mutex_unlock(&co->mu);
+    return st == PP_OK ? pp_rpc_pack(&out.base, resp) : st;
+}
+
+static pp_status on_heartbeat(void *ud, const ProtobufCMessage *msg, struct pp_buf *resp)
+{
+    struct coordinator *co = ud;
+    const Ppserve__V1__HeartbeatRequest *req = (const Ppserve__V1__HeartbeatRequest *)msg;
+    Ppserve__V1__HeartbeatResponse out = PPSERVE__V1__HEARTBEAT_RESPONSE__INIT;
+    pthread_mutex_lock(&co->mu);
+    struct co_stage *s = find_by_id(co, req->stage_id);
+    if (!s) {
+        out.unknown = 1;
+    } else {
+        double now = co_now();
+        s->last_seen = now;
+        if (req->stats) {
+            const Ppserve__V1__StageStats *in = req->stats;
+            Ppserve__V1__StageStats st = PPSERVE__V1__STAGE_STATS__INIT;
+            st.busy_seconds = in->busy_seconds;
+            st.wall_seconds = in->wall_seconds;
+            st.queue_depth = in->queue_depth;
+            st.bytes_in = in->bytes_in;
+            st.bytes_out = in->bytes_out;
+            st.kv_blocks_used = in->kv_blocks_used;
+            st.kv_blocks_total = in->kv_blocks_total;
+            st.tokens = in->tokens;
+            s->stats = st;
+            struct co_stage_sample smp = {now, st.busy_seconds, st.wall_seconds, st.bytes_in,
+                                          st.bytes_out, st.tokens};
+            /* rates cover a window of 2 to 4 seconds: the last heartbeat against an older one */
+            if (s->then.at == 0 || now - s->then.at > 4.0)
+                s->then = s->now.at != 0 ? s->now : smp;
+            s->now = smp;
+        }
+        if (req->hop_error && req->hop_error[0] && co->state == CO_SERVING)
+            co_pipeline_down(co, "stage %s lost its next hop: %s", s->address, req->hop_error);
+    }
+    pthread_mutex_unlock(&co->mu);
+    return pp_rpc_pack(&out.base, resp);
+}
+
+void co_check_stages(struct coordinator *co)
+{
+    double now = co_now();
+    double limit = (double)co->cfg.stage_timeout_ms / 1000.0;
+    for (int i = 0; i < co->n_stages; i++) {
+        struct co_stage *s = &co->stages[i];
+        if (!s->alive || now - s->last_seen <= limit)
+            continue;
+        s->alive = 0;
+        PP_WARN("stage silent address=%s seconds=%.1f", s->address, now - s->last_seen);
+        if (co->state == CO_WAITING) {
+            /* not part of a pipeline yet: forget it */
+            co_stage_drop(co, i);
+            i--;
+        } else if (co->state == CO_SERVING || co->state == CO_STARTING) {
+            co_pipeline_down(co, "stage %d (%s) is down: no heartbeat for %.1f s", i, s->address,
+                             now - s->last_seen);
+        }
+    }
+}
+
+void co_stage_drop(struct coordinator *co, int i)
+{
+    PP_INFO("stage dropped address=%s", co->stages[i].address);
+    if (co->stages[i].ch && co->n_retired < (int)(sizeof(co->retired) / sizeof(co->retired[0])))
+        co->retired[co->n_retired++] = co->stages[i].ch;
+    /* keep the pipeline order of the others */
+    memmove(&co->stages[i], &co->stages[i + 1], (size_t)(co->n_stages - i - 1) * sizeof(co->stages[0]));
+    co->n_stages--;
+}
+
+pp_status co_registry_add(struct coordinator *co)
+{
+    pp_status st = pp_rpc_server_add_unary(co->server, "/ppserve.v1.Coordinator/RegisterStage",
+                                           &ppserve__v1__register_request__descriptor, on_register,
+                                           co);
+    if (st == PP_OK)
+        st = pp_rpc_server_add_unary(co->server, "/ppserve.v1.Coordinator/Heartbeat",
+                                     &ppserve__v1__heartbeat_request__descriptor, on_heartbeat, co);
+    return st;
+}

@@ -1,0 +1,390 @@
+/* Continuous batching over the pipeline (everything here runs with co->mu held).
+ *
+ * A sequence holds a prompt and the tokens generated so far; n_fed of them have been sent into the
+ * pipeline. Prefill chunks of one sequence may follow each other in consecutive microbatches,
+ * because every stage computes microbatches in the order they arrive; a decode step needs the token
+ * the previous step sampled, so it waits for that step's results. The scheduler keeps up to
+ * max_in_flight (>= P) microbatches in the pipeline and spreads the waiting tokens over the free
+ * slots (each microbatch up to max_batch_tokens), so that P stages always have work. Admission
+ * reserves a sequence's whole KV (prompt + max_tokens) on every stage up front, so a stage never
+ * runs out of blocks mid-generation. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/rpc/hop.h"
+#include "coordinator/coordinator.h"
+
+static void list_remove(struct co_request *r)
+{
+    r->prev->next = r->next;
+    r->next->prev = r->prev;
+    r->prev = r->next = r;
+}
+
+static void list_push_back(struct co_request *head, struct co_request *r)
+{
+    r->prev = head->prev;
+    r->next = head;
+    head->prev->next = r;
+    head->prev = r;
+}
+
+/* Frees a finished request once nothing refers to it any more, after queueing its KV release. */
+static void maybe_retire(struct coordinator *co, struct co_request *req)
+{
+    if (req->state != CO_REQ_DONE || req->in_flight > 0)
+        return;
+    if (!req->released && req->n_fed > 0)
+        co_release_queue(co, req->seq_id);
+    req->released = 1;
+    if (req->client_gone)
+        co_request_free(req);
+}
+
+/* Ends a request: st != PP_OK sends that status (unless the client is gone). */
+static void request_done(struct coordinator *co, struct co_request *req, pp_status st,
+                         const char *why)
+{
+    if (req->state == CO_REQ_DONE)
+        return;
+    if (req->state == CO_REQ_RUNNING) {
+        co->kv_blocks_reserved -= req->kv_blocks;
+        co->n_running--;
+    } else {
+        co->n_queued--;
+    }
+    list_remove(req);
+    req->state = CO_REQ_DONE;
+    if (st != PP_OK && !req->client_gone) {
+        PP_DEBUG("request failed seq=%llu code=%s: %s", (unsigned long long)req->seq_id,
+                 pp_rpc_code_name(pp_rpc_code_from_status(st)), why);
+        pp_rpc_stream_finish(req->client, st, why);
+    }
+}
+
+void co_request_enqueue(struct coordinator *co, struct co_request *req)
+{
+    req->seq_id = ++co->next_seq_id;
+    req->state = CO_REQ_QUEUED;
+    req->t_arrival = co_now();
+    req->deadline = req->t_arrival + (double)co->cfg.request_timeout_ms / 1000.0;
+    list_push_back(&co->queued, req);
+    co->n_queued++;
+    co_schedule(co);
+}
+
+void co_request_client_gone(struct coordinator *co, struct co_request *req)
+{
+    req->client_gone = 1;
+    if (req->state != CO_REQ_DONE) {
+        PP_INFO("request cancelled seq=%llu generated=%d (the client went away)",
+                (unsigned long long)req->seq_id, req->n_gen);
+        request_done(co, req, PP_ERR_CANCELLED, "cancelled");
+    }
+    maybe_retire(co, req);
+    co_schedule(co);
+}
+
+static void admit(struct coordinator *co)
+{
+    while (co->queued.next != &co->queued) {
+        struct co_request *req = co->queued.next;
+        if (co->n_running >= co->max_seqs ||
+            co->kv_blocks_reserved + req->kv_blocks > co->kv_blocks_cap)
+            return;
+        list_remove(req);
+        co->n_queued--;
+        list_push_back(&co->running, req);
+        co->n_running++;
+        co->kv_blocks_reserved += req->kv_blocks;
+        req->state = CO_REQ_RUNNING;
+        req->t_admit = co_now();
+        if (req->max_tokens == 0) {
+            /* nothing to generate: done without touching the stages */
+            req->t_first_token = req->t_last_token = req->t_admit;
+            co_request_respond(co, req, 0, NULL, 0, 1, 0);
+            request_done(co, req, PP_OK, NULL);
+            maybe_retire(co, req);
+        }
+    }
+}
+
+static int32_t pending(const struct co_request *req)
+{
+    return req->n_prompt + req->n_gen - req->n_fed;
+}
+
+static pp_status emit_chunk(void *ud, const uint8_t *msg, size_t len)
+{
+    return pp_rpc_stream_send(ud, msg, len);
+}
+
+/* Packs and sends one microbatch to stage 0. */
+static pp_status send_microbatch(struct coordinator *co, struct co_microbatch *mb,
+                                 const int32_t *counts)
+{
+    Ppserve__V1__SeqPart *parts = pp_calloc(PP_MEM_RPC, (size_t)mb->n_parts, sizeof(*parts));
+    Ppserve__V1__SeqPart **pp = pp_calloc(PP_MEM_RPC, (size_t)mb->n_parts, sizeof(*pp));
+    int32_t *ids = pp_alloc(PP_MEM_RPC, (size_t)mb->n_tokens * sizeof(int32_t));
+    pp_status st = PP_ERR_NOMEM;
+    if (parts && pp && ids) {
+        int32_t at = 0;
+        for (int i = 0; i < mb->n_parts; i++) {
+            struct co_request *req = mb->parts[i].req;
+            Ppserve__V1__SeqPart *p = &parts[i];
+            ppserve__v1__seq_part__init(p);
+            pp[i] = p;
+            p->seq_id = req->seq_id;
+            p->pos = req->n_fed;
+            p->n_tokens = counts[i];
+            p->want_logits = mb->parts[i].want_logits;
+            p->return_logits = req->return_logits && p->want_logits;
+            p->sampling = &req->sampling;
+            p->step = (uint32_t)req->n_gen;
+            p->n_token_ids = (size_t)counts[i];
+            p->token_ids = &req->tokens[req->n_fed];
+            memcpy(ids + at, &req->tokens[req->n_fed], (size_t)counts[i] * sizeof(int32_t));
+            at += counts[i];
+        }
+        Ppserve__V1__MicrobatchHeader hdr = PPSERVE__V1__MICROBATCH_HEADER__INIT;
+        hdr.microbatch_id = mb->id;
+        hdr.n_parts = (size_t)mb->n_parts;
+        hdr.parts = pp;
+        hdr.dtype = PPSERVE__V1__DTYPE__DTYPE_TOKEN_IDS;
+        int64_t shape[1] = {mb->n_tokens};
+        hdr.n_shape = 1;
+        hdr.shape = shape;
+        mb->sent = co_wall_now();
+        st = pp_hop_encode(&hdr, ids, (size_t)mb->n_tokens * sizeof(int32_t), emit_chunk,
+                           co->first_hop);
+    }
+    pp_free(PP_MEM_RPC, parts);
+    pp_free(PP_MEM_RPC, pp);
+    pp_free(PP_MEM_RPC, ids);
+    return st;
+}
+
+/* Forms one microbatch of at most budget tokens from the running sequences, in list order
+ * (decode steps first), and sends it. Returns 0 when nothing was waiting. */
+static int form_one(struct coordinator *co, int32_t budget)
+{
+    int cap = co->n_running;
+    struct co_mb_part *parts = pp_calloc(PP_MEM_MISC, (size_t)cap, sizeof(*parts));
+    int32_t *counts = pp_calloc(PP_MEM_MISC, (size_t)cap, sizeof(*counts));
+    if (!parts || !counts) {
+        pp_free(PP_MEM_MISC, parts);
+        pp_free(PP_MEM_MISC, counts);
+        return 0;
+    }
+    int n = 0;
+    int32_t used = 0;
+    for (int pass = 0; pass < 2 && used < budget; pass++) {
+        for (struct co_request *r = co->running.next; r != &co->running && used < budget;
+             r = r->next) {
+            int decode = r->n_fed >= r->n_prompt;
+            if (decode != (pass == 0) || pending(r) <= 0 || n >= cap)
+                continue;
+            int32_t k = pending(r) < budget - used ? pending(r) : budget - used;
+            parts[n].req = r;
+            parts[n].want_logits = r->n_fed + k == r->n_prompt + r->n_gen;
+            counts[n++] = k;
+            used += k;
+        }
+    }
+    int sent = 0;
+    if (n > 0) {
+        struct co_microbatch *mb = &co->in_flight[co->n_in_flight];
+        memset(mb, 0, sizeof(*mb));
+        mb->id = ++co->next_mb_id;
+        mb->n_parts = n;
+        mb->parts = parts;
+        mb->n_tokens = used;
+        pp_status st = send_microbatch(co, mb, counts);
+        if (st != PP_OK) {
+            pp_free(PP_MEM_MISC, parts);
+            pp_free(PP_MEM_MISC, counts);
+            co_pipeline_down(co, "sending to stage 0 failed: %s", pp_error_detail());
+            return 0;
+        }
+        co->n_in_flight++;
+        for (int i = 0; i < n; i++) {
+            struct co_request *r = parts[i].req;
+            r->n_fed += counts[i];
+            r->in_flight++;
+            /* to the back of the line: the next microbatch starts with someone else */
+            list_remove(r);
+            list_push_back(&co->running, r);
+        }
+        sent = 1;
+        parts = NULL;
+    }
+    pp_free(PP_MEM_MISC, parts);
+    pp_free(PP_MEM_MISC, counts);
+    return sent;
+}
+
+void co_schedule(struct coordinator *co)
+{
+    if (co->state != CO_SERVING)
+        return;
+    admit(co);
+    while (co->n_in_flight < co->max_in_flight) {
+        int64_t total = 0;
+        for (struct co_request *r = co->running.next; r != &co->running; r = r->next)
+            total += pending(r) > 0 ? pending(r) : 0;
+        if (total == 0)
+            return;
+        int64_t free_slots = co->max_in_flight - co->n_in_flight;
+        int64_t budget = (total + free_slots - 1) / free_slots;
+        if (budget > co->cfg.max_batch_tokens)
+            budget = co->cfg.max_batch_tokens;
+        if (!form_one(co, (int32_t)budget))
+            return;
+    }
+}
+
+/* One sampled token for req; mirrors model/generate.c so the pipeline stops where `ppserve run`
+ * stops. */
+static void accept_token(struct coordinator *co, struct co_request *req, int32_t id,
+                         const float *logits)
+{
+    double now = co_now();
+    if (req->n_gen == 0)
+        req->t_first_token = now;
+    req->t_last_token = now;
+    req->tokens[req->n_prompt + req->n_gen++] = id;
+    co->tokens_generated++;
+    int finish = 0, stop = 0;
+    if (co->tok) {
+        char piece[1024];
+        int n = pp_tokenizer_piece(co->tok, id, piece, sizeof(piece));
+        if (n > (int)sizeof(piece))
+            n = (int)sizeof(piece);
+        if (n > 0 && pp_textstream_push(&req->ts, piece, (size_t)n) == 1)
+            finish = stop = 1;
+    }
+    if (!finish && !req->ignore_eos && pp_model_config_is_eos(&co->mcfg, id))
+        finish = stop = 1;
+    if (!finish && (req->n_gen >= req->max_tokens || req->n_prompt + req->n_gen >= co->max_context))
+        finish = 1;
+    co_request_respond(co, req, req->n_gen - 1, logits, logits ? 1 : 0, finish, stop);
+    if (finish)
+        request_done(co, req, PP_OK, NULL);
+}
+
+static void finish_microbatch(struct coordinator *co, struct co_microbatch *mb)
+{
+    for (int i = 0; i < mb->n_parts; i++) {
+        mb->parts[i].req->in_flight--;
+        maybe_retire(co, mb->parts[i].req);
+    }
+    pp_free(PP_MEM_MISC, mb->parts);
+    mb->parts = NULL;
+}
+
+void co_handle_results(struct coordinator *co, const Ppserve__V1__Results *r)
+{
+    int at = -1;
+    for (int i = 0; i < co->n_in_flight; i++)
+        if (co->in_flight[i].id == r->microbatch_id)
+            at = i;
+    if (at < 0) {
+        PP_WARN("results for an unknown microbatch=%llu (ignored)",
+                (unsigned long long)r->microbatch_id);
+        return;
+    }
+    struct co_microbatch mb = co->in_flight[at];
+    memmove(&co->in_flight[at], &co->in_flight[at + 1],
+            (size_t)(co->n_in_flight - at - 1) * sizeof(mb));
+    co->n_in_flight--;
+    co_trace_record(co, &mb, r);
+
+    if (r->error && r->error[0]) {
+        pp_status st = r->error_code ? pp_rpc_status_from_code((int)r->error_code) : PP_ERR_INTERNAL;
+        PP_WARN("microbatch failed id=%llu: %s", (unsigned long long)mb.id, r->error);
+        for (int i = 0; i < mb.n_parts; i++)
+            request_done(co, mb.parts[i].req, st, r->error);
+    } else {
+        size_t t = 0;
+        int32_t vocab = co->mcfg.vocab_size;
+        for (int i = 0; i < mb.n_parts; i++) {
+            struct co_request *req = mb.parts[i].req;
+            if (!mb.parts[i].want_logits)
+                continue;
+            if (t >= r->n_tokens || r->tokens[t]->seq_id != req->seq_id) {
+                request_done(co, req, PP_ERR_INTERNAL, "the last stage's results do not match "
+                             "the microbatch it was sent");
+                continue;
+            }
+            const Ppserve__V1__SampledToken *s = r->tokens[t++];
+            if (req->state != CO_REQ_RUNNING)
+                continue; /* cancelled or failed meanwhile */
+            if (s->token < 0 || s->token >= vocab) {
+                request_done(co, req, PP_ERR_INTERNAL, "the last stage sampled a token outside "
+                             "the vocabulary");
+                continue;
+            }
+            const float *logits = NULL;
+            if (req->return_logits && s->logits.len == (size_t)vocab * sizeof(float))
+                logits = (const float *)s->logits.data;
+            accept_token(co, req, s->token, logits);
+        }
+    }
+    finish_microbatch(co, &mb);
+    co_schedule(co);
+}
+
+void co_fail_all(struct coordinator *co, pp_status st, const char *why)
+{
+    for (int i = 0; i < co->n_in_flight; i++)
+        for (int k = 0; k < co->in_flight[i].n_parts; k++)
+            request_done(co, co->in_flight[i].parts[k].req, st, why);
+    struct co_request *heads[2] = {&co->running, &co->queued};
+    for (int h = 0; h < 2; h++)
+        while (heads[h]->next != heads[h]) {
+            struct co_request *r = heads[h]->next;
+            request_done(co, r, st, why);
+            maybe_retire(co, r);
+        }
+    for (int i = 0; i < co->n_in_flight; i++)
+        finish_microbatch(co, &co->in_flight[i]);
+    co->n_in_flight = 0;
+}
+
+void co_check_deadlines(struct coordinator *co)
+{
+    double now = co_now();
+    struct co_request *heads[2] = {&co->running, &co->queued};
+    for (int h = 0; h < 2; h++)
+        for (struct co_request *r = heads[h]->next, *nx; r != heads[h]; r = nx) {
+            nx = r->next;
+            if (now <= r->deadline)
+                continue;
+            char why[160];
+            snprintf(why, sizeof(why), "the request ran longer than request_timeout_ms=%lld",
+                     (long long)co->cfg.request_timeout_ms);
+            request_done(co, r, PP_ERR_TIMEOUT, why);
+            maybe_retire(co, r);
+        }
+}
+
+void co_pipeline_down(struct coordinator *co, const char *fmt, ...)
+{
+    if (co->state == CO_DOWN || co->state == CO_STOPPING)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(co->state_reason, sizeof(co->state_reason), fmt, ap);
+    va_end(ap);
+    co->state = CO_DOWN;
+    PP_ERROR("pipeline down: %s", co->state_reason);
+    pp_rpc_health_set(co->health, "", PP_HEALTH_NOT_SERVING);
+    pp_rpc_health_set(co->health, "ppserve.v1.Ppserve", PP_HEALTH_NOT_SERVING);
+    char why[600];
+    snprintf(why, sizeof(why), "pipeline down: %s", co->state_reason);
+    co_fail_all(co, PP_ERR_UNAVAILABLE, why);
+    pthread_cond_broadcast(&co->cond);
+}

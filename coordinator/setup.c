@@ -1,0 +1,236 @@
+/* Forming a pipeline: wait for the stages, plan the partition from what they measured (or take the
+ * configured `layers`), assign the ranges from the last stage to the first (so that every stage's
+ * next hop is ready for its handshake), and open the hop to stage 0. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/rpc/hop.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/planner.h"
+
+#define ASSIGN_TIMEOUT_MS 120000
+
+static void on_first_hop_ack(void *ud, struct pp_rpc_stream *st, const uint8_t *data, size_t len)
+{
+    (void)st;
+    struct coordinator *co = ud;
+    ProtobufCMessage *m;
+    if (pp_rpc_unpack(&ppserve__v1__hop_ack__descriptor, data, len, &m) != PP_OK) {
+        PP_WARN("stage 0 sent a malformed ack: %s", pp_error_detail());
+        return;
+    }
+    const Ppserve__V1__HopAck *ack = (const Ppserve__V1__HopAck *)m;
+    if (ack->code != 0)
+        PP_DEBUG("stage 0 failed microbatch=%llu code=%s: %s",
+                 (unsigned long long)ack->microbatch_id, pp_rpc_code_name((int)ack->code),
+                 ack->message);
+    (void)co;
+    protobuf_c_message_free_unpacked(m, NULL);
+}
+
+static void on_first_hop_end(void *ud, struct pp_rpc_stream *st, pp_status status)
+{
+    struct coordinator *co = ud;
+    pthread_mutex_lock(&co->mu);
+    if (co->first_hop == st && (co->state == CO_SERVING || co->state == CO_STARTING))
+        co_pipeline_down(co, "the hop to stage 0 (%s) ended: %s", co->stages[0].address,
+                         status == PP_OK ? "closed" : pp_error_detail());
+    pthread_mutex_unlock(&co->mu);
+}
+
+static const struct pp_rpc_stream_cbs first_hop_cbs = {
+    .on_message = on_first_hop_ack,
+    .on_end = on_first_hop_end,
+};
+
+/* Waits until cfg.stages stages are alive (mu held). */
+static pp_status wait_for_stages(struct coordinator *co)
+{
+    while (!*co->interrupted && co->n_stages < (int)co->cfg.stages) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&co->cond, &co->mu, &ts);
+        co_check_stages(co);
+        snprintf(co->state_reason, sizeof(co->state_reason), "waiting for stages: %d of %lld",
+                 co->n_stages, (long long)co->cfg.stages);
+    }
+    return *co->interrupted ? pp_error(PP_ERR_CANCELLED, "stopping") : PP_OK;
+}
+
+static pp_status plan(struct coordinator *co, int32_t *counts)
+{
+    int n = co->n_stages;
+    struct pp_plan_model pm = {
+        .n_layers = co->mcfg.n_layers,
+        .layer_bytes = co->layer_bytes,
+        .kv_layer_bytes = 0,
+        .first_bytes = co->first_bytes,
+        .last_bytes = co->last_bytes,
+        .last_extra_layers = co->layer_bytes > 0 ? (double)co->last_bytes / co->layer_bytes : 0,
+    };
+    struct pp_plan_stage ps[CO_MAX_STAGES];
+    for (int i = 0; i < n; i++) {
+        const struct co_stage *s = &co->stages[i];
+        ps[i].seconds_per_layer = s->weight_bps > 0 ? (double)co->layer_bytes / s->weight_bps : 1.0;
+        ps[i].memory_bytes = s->memory_bytes > 0 ? s->memory_bytes : INT64_MAX / 4;
+    }
+    if (co->cfg.layers.n > 0) {
+        for (int i = 0; i < n; i++)
+            counts[i] = (int32_t)co->cfg.layers.v[i];
+        return pp_plan_check(&pm, ps, n, counts);
+    }
+    return pp_plan_partition(&pm, ps, n, counts);
+}
+
+/* One Assign call (mu NOT held). */
+static pp_status assign_one(struct coordinator *co, struct co_stage *s, int index, int n,
+                            const char *next_hop)
+{
+    Ppserve__V1__Assignment a = PPSERVE__V1__ASSIGNMENT__INIT;
+    a.stage_id = s->id;
+    a.index = (uint32_t)index;
+    a.n_stages = (uint32_t)n;
+    a.model = co->cfg.model;
+    a.model_id = co->model_id;
+    a.first_layer = s->first;
+    a.last_layer = s->last;
+    a.next_hop = (char *)next_hop;
+    a.coordinator = (char *)co->cfg.advertise;
+    a.max_batch_tokens = (uint32_t)co->cfg.max_batch_tokens;
+    ProtobufCMessage *resp;
+    pp_status st = pp_rpc_call(s->ch, "/ppserve.v1.Stage/Assign", &a.base,
+                               &ppserve__v1__assign_response__descriptor, ASSIGN_TIMEOUT_MS, &resp,
+                               NULL);
+    if (st != PP_OK)
+        return pp_error(st, "assigning layers [%d, %d) to stage %d (%s): %s", s->first, s->last,
+                        index, s->address, pp_error_detail());
+    const Ppserve__V1__AssignResponse *r = (const Ppserve__V1__AssignResponse *)resp;
+    s->kv_blocks = r->kv_blocks;
+    s->kv_block_tokens = r->kv_block_tokens;
+    s->max_seqs = r->max_seqs;
+    s->max_context = r->max_context;
+    PP_INFO("stage assigned index=%d address=%s layers=[%d,%d) kv_blocks=%u weights_mib=%.1f",
+            index, s->address, s->first, s->last, r->kv_blocks,
+            (double)r->weight_bytes / (1 << 20));
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return PP_OK;
+}
+
+static pp_status open_first_hop(struct coordinator *co)
+{
+    struct pp_rpc_stream *st;
+    pp_status s = pp_rpc_stream_open(co->stages[0].ch, "/ppserve.v1.Stage/Forward", 0,
+                                     &first_hop_cbs, co, &st);
+    if (s != PP_OK)
+        return s;
+    struct pp_buf hs = {0};
+    s = pp_hop_handshake_pack(PPSERVE__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT,
+                              co->model_id, 0, &hs);
+    if (s == PP_OK)
+        s = pp_rpc_stream_send(st, hs.data, hs.len);
+    pp_buf_free(&hs);
+    if (s != PP_OK) {
+        pp_rpc_stream_cancel(st);
+        pp_rpc_stream_release(st);
+        return s;
+    }
+    pthread_mutex_lock(&co->mu);
+    co->first_hop = st;
+    pthread_mutex_unlock(&co->mu);
+    return PP_OK;
+}
+
+pp_status co_setup_pipeline(struct coordinator *co)
+{
+    pthread_mutex_lock(&co->mu);
+    co->state = CO_WAITING;
+    pp_status st = wait_for_stages(co);
+    if (st != PP_OK) {
+        pthread_mutex_unlock(&co->mu);
+        return st;
+    }
+    co->state = CO_STARTING;
+    snprintf(co->state_reason, sizeof(co->state_reason), "assigning layers");
+    int n = co->n_stages;
+    int32_t counts[CO_MAX_STAGES];
+    st = plan(co, counts);
+    if (st != PP_OK) {
+        snprintf(co->state_reason, sizeof(co->state_reason), "no partition: %s", pp_error_detail());
+        pthread_mutex_unlock(&co->mu);
+        return st;
+    }
+    int32_t layer = 0;
+    char ranges[512] = "";
+    for (int i = 0; i < n; i++) {
+        struct co_stage *s = &co->stages[i];
+        s->first = layer;
+        s->last = layer + counts[i];
+        layer = s->last;
+        size_t used = strlen(ranges);
+        snprintf(ranges + used, sizeof(ranges) - used, "%s[%d,%d)", i ? " " : "", s->first, s->last);
+    }
+    PP_INFO("partition stages=%d layers=%s (%s)", n, ranges,
+            co->cfg.layers.n > 0 ? "configured" : "planned from measured speed");
+    pthread_mutex_unlock(&co->mu);
+
+    /* the stages' addresses and the order are fixed now (only this thread changes the list
+     * outside CO_WAITING) */
+    for (int i = 0; i < n && st == PP_OK; i++)
+        if (!co->stages[i].ch)
+            st = pp_rpc_channel_new(co->stages[i].address, &co->stages[i].ch);
+    for (int i = n - 1; i >= 0 && st == PP_OK; i--)
+        st = assign_one(co, &co->stages[i], i, n, i + 1 < n ? co->stages[i + 1].address : "");
+    if (st == PP_OK)
+        st = open_first_hop(co);
+
+    pthread_mutex_lock(&co->mu);
+    if (st == PP_OK && co->state == CO_STARTING) {
+        co->kv_blocks_cap = INT32_MAX;
+        co->max_seqs = INT32_MAX;
+        co->max_context = co->mcfg.max_context;
+        co->kv_block_tokens = (int32_t)co->stages[0].kv_block_tokens;
+        for (int i = 0; i < n; i++) {
+            const struct co_stage *s = &co->stages[i];
+            if ((int32_t)s->kv_blocks < co->kv_blocks_cap)
+                co->kv_blocks_cap = (int32_t)s->kv_blocks;
+            if ((int32_t)s->max_seqs < co->max_seqs)
+                co->max_seqs = (int32_t)s->max_seqs;
+            if (s->max_context > 0 && s->max_context < co->max_context)
+                co->max_context = s->max_context;
+            if ((int32_t)s->kv_block_tokens != co->kv_block_tokens) {
+                st = pp_error(PP_ERR_INTERNAL, "stages disagree on the KV block size: %u vs %d",
+                              s->kv_block_tokens, co->kv_block_tokens);
+            }
+        }
+        co->kv_blocks_reserved = 0;
+        /* fewer than P in flight leaves stages idle; allowed to measure exactly that */
+        co->max_in_flight = co->cfg.microbatches > 0 ? (int)co->cfg.microbatches : n;
+    } else if (st == PP_OK) {
+        st = pp_error(PP_ERR_UNAVAILABLE, "%s", co->state_reason);
+    }
+    if (st == PP_OK) {
+        co->state = CO_SERVING;
+        snprintf(co->state_reason, sizeof(co->state_reason), "serving");
+        co->rate_t0 = co_now();
+        co->rate_tokens0 = co->tokens_generated;
+        pp_rpc_health_set(co->health, "", PP_HEALTH_SERVING);
+        pp_rpc_health_set(co->health, "ppserve.v1.Ppserve", PP_HEALTH_SERVING);
+        PP_INFO("pipeline serving stages=%d layers=%s kv_blocks=%d max_seqs=%d context=%d "
+                "microbatches=%d", n, ranges, co->kv_blocks_cap, co->max_seqs, co->max_context,
+                co->max_in_flight);
+        co_schedule(co);
+    } else if (co->state == CO_STARTING) {
+        co->state = CO_DOWN;
+        snprintf(co->state_reason, sizeof(co->state_reason), "%s", pp_error_detail());
+    }
+    pthread_mutex_unlock(&co->mu);
+    return st;
+}
