@@ -65,6 +65,7 @@ struct co_request {
     enum co_req_state state;
     int client_gone;                /* on_end arrived: no more sends */
     int released;                   /* Release was queued for the stages */
+    int kv_reserved;                /* kv_blocks count in co->kv_blocks_reserved */
     /* what was asked */
     int32_t *tokens;                /* [n_prompt + max_tokens]: prompt, then generated ids */
     int32_t n_prompt;
@@ -95,6 +96,12 @@ struct co_microbatch {
     struct co_mb_part *parts;
     int32_t n_tokens;
     double sent; /* realtime seconds */
+};
+
+struct co_release {
+    uint64_t seq_id;
+    int32_t kv_blocks;     /* reserved for it until the stages confirm */
+    uint64_t pipeline_gen; /* the pipeline it was reserved in */
 };
 
 struct co_trace_entry {
@@ -143,14 +150,15 @@ struct coordinator {
     int32_t kv_block_tokens;
     int32_t max_seqs;
     int32_t max_context;
+    uint64_t pipeline_gen;           /* bumped each time a pipeline starts serving */
     /* microbatches in flight */
     struct co_microbatch *in_flight; /* [n_in_flight] */
     int n_in_flight;
     int max_in_flight;
     uint64_t next_mb_id;
     uint64_t rr_cursor;              /* round-robin start (a seq id) */
-    /* releases for the stages */
-    uint64_t *release_q;
+    /* releases for the stages: a sequence's KV stays reserved until every stage has freed it */
+    struct co_release *release_q;
     int n_release, cap_release;
     pthread_t release_thread;
     /* accounting */
@@ -200,7 +208,8 @@ void co_request_respond(struct coordinator *co, struct co_request *req, int from
 /* release.c */
 pp_status co_release_start(struct coordinator *co);
 void co_release_stop(struct coordinator *co);
-void co_release_queue(struct coordinator *co, uint64_t seq_id); /* with mu held */
+/* With mu held: frees seq_id on every stage, then returns its KV blocks to admission. */
+void co_release_queue(struct coordinator *co, uint64_t seq_id, int32_t kv_blocks);
 
 /* trace.c */
 void co_trace_record(struct coordinator *co, const struct co_microbatch *mb,

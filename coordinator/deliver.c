@@ -5,11 +5,8 @@
 
 static void *deliver_open(void *ud, struct pp_rpc_stream *st)
 {
-    struct coordinator *co = ud;
-    pthread_mutex_lock(&co->mu);
-    co->deliver = st; /* the newest one belongs to the current pipeline */
-    pthread_mutex_unlock(&co->mu);
-    return co;
+    (void)st;
+    return ud;
 }
 
 static void deliver_message(void *ud, struct pp_rpc_stream *st, const uint8_t *data, size_t len)
@@ -22,9 +19,19 @@ static void deliver_message(void *ud, struct pp_rpc_stream *st, const uint8_t *d
         pp_rpc_stream_finish(st, s, pp_error_detail());
         return;
     }
+    const Ppserve__V1__Results *r = (const Ppserve__V1__Results *)m;
     pthread_mutex_lock(&co->mu);
-    if (co->deliver == st && co->state == CO_SERVING)
-        co_handle_results(co, (const Ppserve__V1__Results *)m);
+    /* only the current pipeline's last stage delivers; its stream is the one whose end matters */
+    int ours = (co->state == CO_SERVING || co->state == CO_STARTING) && co->n_stages > 0 &&
+               r->stage_id == co->stages[co->n_stages - 1].id;
+    if (ours) {
+        co->deliver = st;
+        if (r->microbatch_id != 0) /* 0: the stage's hello */
+            co_handle_results(co, r);
+    } else {
+        PP_DEBUG("results from stage_id=%llu ignored (not this pipeline's last stage)",
+                 (unsigned long long)r->stage_id);
+    }
     pthread_mutex_unlock(&co->mu);
     protobuf_c_message_free_unpacked(m, NULL);
 }
@@ -42,8 +49,9 @@ static void deliver_end(void *ud, struct pp_rpc_stream *st, pp_status status)
     pthread_mutex_lock(&co->mu);
     if (co->deliver == st) {
         co->deliver = NULL;
-        if (co->state == CO_SERVING && status != PP_OK)
-            co_pipeline_down(co, "the last stage's result stream broke: %s", pp_error_detail());
+        if (co->state == CO_SERVING && status != PP_OK && co->n_stages > 0)
+            co_pipeline_down(co, "the result stream from the last stage (%s) broke: %s",
+                             co->stages[co->n_stages - 1].address, pp_error_detail());
     }
     pthread_mutex_unlock(&co->mu);
     pp_rpc_stream_release(st);

@@ -116,6 +116,7 @@ static void reset_pipeline(struct coordinator *co)
     pthread_mutex_lock(&co->mu);
     struct pp_rpc_stream *hop = co->first_hop;
     co->first_hop = NULL;
+    co->deliver = NULL;
     for (int i = 0; i < co->n_stages; i++)
         if (!co->stages[i].alive)
             co_stage_drop(co, i--);
@@ -238,7 +239,7 @@ int main(int argc, char **argv)
     }
     pthread_mutex_lock(&co->mu);
     co->state = CO_STOPPING;
-    snprintf(co->state_reason, sizeof(co->state_reason), "stopping");
+    snprintf(co->state_reason, sizeof(co->state_reason), "the coordinator is stopping");
     co_fail_all(co, PP_ERR_UNAVAILABLE, "the coordinator is stopping");
     pthread_mutex_unlock(&co->mu);
     co_release_stop(co);

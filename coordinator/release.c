@@ -8,11 +8,11 @@
 
 #define RELEASE_TIMEOUT_MS 2000
 
-void co_release_queue(struct coordinator *co, uint64_t seq_id)
+void co_release_queue(struct coordinator *co, uint64_t seq_id, int32_t kv_blocks)
 {
     if (co->n_release == co->cap_release) {
         int cap = co->cap_release ? co->cap_release * 2 : 64;
-        uint64_t *q = pp_alloc(PP_MEM_MISC, (size_t)cap * sizeof(*q));
+        struct co_release *q = pp_alloc(PP_MEM_MISC, (size_t)cap * sizeof(*q));
         if (q && co->n_release)
             memcpy(q, co->release_q, (size_t)co->n_release * sizeof(*q));
         if (q)
@@ -20,12 +20,13 @@ void co_release_queue(struct coordinator *co, uint64_t seq_id)
         if (!q) {
             PP_ERROR("release queue: out of memory; seq=%llu keeps its KV until the stages are "
                      "reassigned", (unsigned long long)seq_id);
+            co->kv_blocks_reserved -= kv_blocks;
             return;
         }
         co->release_q = q;
         co->cap_release = cap;
     }
-    co->release_q[co->n_release++] = seq_id;
+    co->release_q[co->n_release++] = (struct co_release){seq_id, kv_blocks, co->pipeline_gen};
     pthread_cond_broadcast(&co->cond);
 }
 
@@ -40,11 +41,16 @@ static void *release_main(void *arg)
             break; /* stopping with nothing left */
         int n = co->n_release;
         uint64_t *ids = pp_alloc(PP_MEM_MISC, (size_t)n * sizeof(*ids));
-        if (!ids) {
-            pthread_mutex_unlock(&co->mu);
+        struct co_release *batch = pp_alloc(PP_MEM_MISC, (size_t)n * sizeof(*batch));
+        if (!ids || !batch) {
+            pp_free(PP_MEM_MISC, ids);
+            pp_free(PP_MEM_MISC, batch);
+            pthread_cond_wait(&co->cond, &co->mu); /* try again on the next wake-up */
             continue;
         }
-        memcpy(ids, co->release_q, (size_t)n * sizeof(*ids));
+        memcpy(batch, co->release_q, (size_t)n * sizeof(*batch));
+        for (int i = 0; i < n; i++)
+            ids[i] = batch[i].seq_id;
         co->n_release = 0;
         struct pp_rpc_channel *chans[CO_MAX_STAGES];
         char addrs[CO_MAX_STAGES][256];
@@ -70,6 +76,12 @@ static void *release_main(void *arg)
         }
         pp_free(PP_MEM_MISC, ids);
         pthread_mutex_lock(&co->mu);
+        /* the stages have freed them (or are gone): admission may use the blocks again */
+        for (int i = 0; i < n; i++)
+            if (batch[i].pipeline_gen == co->pipeline_gen)
+                co->kv_blocks_reserved -= batch[i].kv_blocks;
+        pp_free(PP_MEM_MISC, batch);
+        co_schedule(co);
         if (co->stop && co->n_release == 0)
             break;
     }

@@ -37,8 +37,13 @@ static void maybe_retire(struct coordinator *co, struct co_request *req)
 {
     if (req->state != CO_REQ_DONE || req->in_flight > 0)
         return;
-    if (!req->released && req->n_fed > 0)
-        co_release_queue(co, req->seq_id);
+    if (!req->released) {
+        if (req->kv_reserved && req->n_fed > 0)
+            co_release_queue(co, req->seq_id, req->kv_blocks);
+        else if (req->kv_reserved)
+            co->kv_blocks_reserved -= req->kv_blocks; /* the stages never saw it */
+        req->kv_reserved = 0;
+    }
     req->released = 1;
     if (req->client_gone)
         co_request_free(req);
@@ -51,8 +56,7 @@ static void request_done(struct coordinator *co, struct co_request *req, pp_stat
     if (req->state == CO_REQ_DONE)
         return;
     if (req->state == CO_REQ_RUNNING) {
-        co->kv_blocks_reserved -= req->kv_blocks;
-        co->n_running--;
+        co->n_running--; /* its KV stays reserved until the stages have released it */
     } else {
         co->n_queued--;
     }
@@ -100,6 +104,7 @@ static void admit(struct coordinator *co)
         list_push_back(&co->running, req);
         co->n_running++;
         co->kv_blocks_reserved += req->kv_blocks;
+        req->kv_reserved = 1;
         req->state = CO_REQ_RUNNING;
         req->t_admit = co_now();
         if (req->max_tokens == 0) {

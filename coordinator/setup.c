@@ -211,6 +211,7 @@ pp_status co_setup_pipeline(struct coordinator *co)
             }
         }
         co->kv_blocks_reserved = 0;
+        co->pipeline_gen++;
         /* fewer than P in flight leaves stages idle; allowed to measure exactly that */
         co->max_in_flight = co->cfg.microbatches > 0 ? (int)co->cfg.microbatches : n;
     } else if (st == PP_OK) {

@@ -53,14 +53,14 @@ static pp_status validate(struct pp_stage *s, const Ppserve__V1__Assignment *m,
     if (st != PP_OK)
         return st;
     if ((st = pp_model_identity(path, id)) != PP_OK)
-        return pp_error(st, "model '%s': %s", m->model, pp_error_detail());
+        return pp_stage_error_wrap(st, "model '%s'", m->model);
     if (!m->model_id || strcmp(m->model_id, id) != 0)
         return pp_error(PP_ERR_PRECONDITION, "model identity differs: the coordinator serves %s, "
                         "this stage's copy of %s is %s",
                         m->model_id && m->model_id[0] ? m->model_id : "(none)", m->model, id);
     struct pp_model_config cfg;
     if ((st = pp_model_read_config(path, &cfg)) != PP_OK)
-        return pp_error(st, "model '%s': %s", m->model, pp_error_detail());
+        return pp_stage_error_wrap(st, "model '%s'", m->model);
     *n_layers = cfg.n_layers;
     if (m->first_layer < 0 || m->last_layer <= m->first_layer || m->last_layer > cfg.n_layers)
         return pp_error(PP_ERR_INVALID_ARG, "layers [%d, %d): expected a non-empty range inside "
@@ -117,6 +117,7 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
     if (!a)
         return pp_error(PP_ERR_NOMEM, "no memory for an assignment");
     a->index = m->index;
+    a->stage_id = m->stage_id;
     a->n_stages = m->n_stages;
     snprintf(a->model_name, sizeof(a->model_name), "%s", m->model);
     snprintf(a->path, sizeof(a->path), "%s", path);
@@ -154,6 +155,17 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
         st = a->last ? pp_stage_out_open(s, to, 1, id, 0, max_queued, &a->out)
                      : pp_stage_out_open(s, m->next_hop, 0, id, m->last_layer, max_queued, &a->out);
     }
+    if (st == PP_OK && a->last) {
+        /* an empty Results (microbatch 0) names this stage on the stream before any result, so
+         * the coordinator notices at once if the stream breaks */
+        Ppserve__V1__Results hello = PPSERVE__V1__RESULTS__INIT;
+        hello.stage_id = a->stage_id;
+        struct pp_buf b = {0};
+        st = pp_rpc_pack(&hello.base, &b);
+        if (st == PP_OK)
+            st = pp_stage_out_send(a->out, b.data, b.len);
+        pp_buf_free(&b);
+    }
     if (st != PP_OK) {
         char why[1024];
         snprintf(why, sizeof(why), "%s", pp_error_detail());
@@ -185,13 +197,11 @@ static void teardown(struct pp_stage *s, pp_status status, const char *why, int 
     pthread_mutex_lock(&s->info_mu);
     s->info.assigned = 0;
     pthread_mutex_unlock(&s->info_mu);
-    atomic_store(&s->teardown, 1);
     pthread_mutex_lock(&s->mu);
     struct pp_stage_assignment *old = s->asg;
     s->asg = NULL;
     pp_stage_update_kv_stats(s);
     pthread_mutex_unlock(&s->mu);
-    atomic_store(&s->teardown, 0);
     if (!old)
         return;
     pp_stage_inbound_finish_all(s, 0, old->gen, status, why);

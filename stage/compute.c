@@ -2,7 +2,10 @@
  * order, runs the layer range over them, sends the result on (activations to the next stage, or
  * sampled tokens to the coordinator from the last stage) with this stage's span appended, and
  * acks each microbatch on the stream it came from. A failed microbatch travels on as its header
- * with `error` set, so the coordinator learns about it where it learns about every result. */
+ * with `error` set, so the coordinator learns about it where it learns about every result.
+ *
+ * The executor work happens under mu; the outgoing messages are packed there too, and sent after
+ * mu is released, so a slow next hop holds back this thread but never an Assign or a Release. */
 #include <stdio.h>
 #include <string.h>
 
@@ -10,10 +13,43 @@
 #include "common/log.h"
 #include "stage/stage.h"
 
-/* Emits one chunk on the outgoing hop. */
-static pp_status emit_chunk(void *ud, const uint8_t *msg, size_t len)
+/* Packed messages for the outgoing hop, in order. */
+struct outbox {
+    struct pp_buf *msgs; /* [n] */
+    size_t n, cap;
+    uint64_t payload_bytes; /* activation bytes among them (bytes_out) */
+};
+
+static pp_status outbox_add(void *ud, const uint8_t *msg, size_t len)
 {
-    return pp_stage_out_send(ud, msg, len);
+    struct outbox *o = ud;
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 8;
+        struct pp_buf *m = pp_calloc(PP_MEM_RPC, cap, sizeof(*m));
+        if (!m)
+            return pp_error(PP_ERR_NOMEM, "no memory for %zu outgoing messages", cap);
+        if (o->n)
+            memcpy(m, o->msgs, o->n * sizeof(*m));
+        pp_free(PP_MEM_RPC, o->msgs);
+        o->msgs = m;
+        o->cap = cap;
+    }
+    struct pp_buf *b = &o->msgs[o->n];
+    pp_buf_put(b, msg, len);
+    if (b->failed) {
+        pp_buf_free(b);
+        return pp_error(PP_ERR_NOMEM, "no memory for a %zu-byte outgoing message", len);
+    }
+    o->n++;
+    return PP_OK;
+}
+
+static void outbox_free(struct outbox *o)
+{
+    for (size_t i = 0; i < o->n; i++)
+        pp_buf_free(&o->msgs[i]);
+    pp_free(PP_MEM_RPC, o->msgs);
+    memset(o, 0, sizeof(*o));
 }
 
 /* Grows a scratch buffer to hold n elements of size elem. */
@@ -50,11 +86,11 @@ static pp_status spans_make(struct spans *sp, const Ppserve__V1__MicrobatchHeade
     return PP_OK;
 }
 
-/* Sends the result of a first or middle stage: activations [n, dim] (error NULL), or the header
+/* Packs the result of a first or middle stage: activations [n, dim] (error NULL), or the header
  * alone with the error. */
-static pp_status send_hidden(struct pp_stage *s, struct pp_stage_assignment *a,
-                             const Ppserve__V1__MicrobatchHeader *in, struct spans *sp,
-                             int64_t n_rows, const char *error, uint32_t error_code)
+static pp_status pack_hidden(struct pp_stage_assignment *a, const Ppserve__V1__MicrobatchHeader *in,
+                             struct spans *sp, int64_t n_rows, const char *error,
+                             uint32_t error_code, struct outbox *box)
 {
     Ppserve__V1__MicrobatchHeader h = PPSERVE__V1__MICROBATCH_HEADER__INIT;
     int64_t shape[2] = {n_rows, a->dim};
@@ -69,22 +105,19 @@ static pp_status send_hidden(struct pp_stage *s, struct pp_stage_assignment *a,
     h.error = (char *)(error ? error : "");
     h.error_code = error_code;
     size_t bytes = error ? 0 : (size_t)n_rows * (size_t)a->dim * sizeof(float);
-    pp_status st = pp_hop_encode(&h, error ? NULL : a->hidden, bytes, emit_chunk, a->out);
-    if (st == PP_OK) {
-        pthread_mutex_lock(&s->stats_mu);
-        s->bytes_out += bytes;
-        pthread_mutex_unlock(&s->stats_mu);
-    }
-    return st;
+    box->payload_bytes = bytes;
+    return pp_hop_encode(&h, error ? NULL : a->hidden, bytes, outbox_add, box);
 }
 
-/* Sends the last stage's Results: the sampled tokens (out non-NULL) or the error. */
-static pp_status send_results(struct pp_stage_assignment *a, const Ppserve__V1__MicrobatchHeader *in,
-                              struct spans *sp, const struct pp_stage_sampled *out,
-                              const char *error, uint32_t error_code)
+/* Packs the last stage's Results: the sampled tokens (out non-NULL) or the error. */
+static pp_status pack_results(const struct pp_stage_assignment *a,
+                              const Ppserve__V1__MicrobatchHeader *in, struct spans *sp,
+                              const struct pp_stage_sampled *out, const char *error,
+                              uint32_t error_code, struct outbox *box)
 {
     Ppserve__V1__Results r = PPSERVE__V1__RESULTS__INIT;
     r.microbatch_id = in->microbatch_id;
+    r.stage_id = a->stage_id;
     if (out) {
         r.n_tokens = out->n;
         r.tokens = out->ptrs;
@@ -96,12 +129,12 @@ static pp_status send_results(struct pp_stage_assignment *a, const Ppserve__V1__
     struct pp_buf b = {0};
     pp_status st = pp_rpc_pack(&r.base, &b);
     if (st == PP_OK)
-        st = pp_stage_out_send(a->out, b.data, b.len);
+        st = outbox_add(box, (const uint8_t *)b.data, b.len);
     pp_buf_free(&b);
     return st;
 }
 
-/* Runs the executor over mb; on error *msg holds the detail. Fills the span's compute times. */
+/* Runs the executor over mb; on error msg holds the detail. Fills the span's compute times. */
 static pp_status compute(struct pp_stage *s, struct pp_stage_assignment *a, struct pp_stage_mb *mb,
                          Ppserve__V1__StageSpan *span, struct pp_stage_sampled *sampled,
                          int64_t *n_rows, char *msg, size_t msg_len)
@@ -155,11 +188,14 @@ static pp_status compute(struct pp_stage *s, struct pp_stage_assignment *a, stru
     return st;
 }
 
-/* Handles one microbatch under mu; returns the status its ack carries, with *msg. */
-static pp_status process(struct pp_stage *s, struct pp_stage_mb *mb, char *msg, size_t msg_len)
+/* Computes one microbatch under mu and packs what goes on; *out receives the hop to send it on
+ * (with a reference) when there is something to send. Returns the status its ack carries. */
+static pp_status process(struct pp_stage *s, struct pp_stage_mb *mb, struct outbox *box,
+                         struct pp_stage_out **out, char *msg, size_t msg_len)
 {
     struct pp_stage_assignment *a = s->asg;
     const Ppserve__V1__MicrobatchHeader *h = mb->hdr;
+    *out = NULL;
     if (!a || a->gen != mb->gen) {
         snprintf(msg, msg_len, "microbatch %llu: this stage was reassigned after it arrived",
                  (unsigned long long)h->microbatch_id);
@@ -179,7 +215,7 @@ static pp_status process(struct pp_stage *s, struct pp_stage_mb *mb, char *msg, 
     sp.own.recv_start = mb->recv_start;
     sp.own.recv_end = mb->recv_end;
 
-    pp_status ack = PP_OK, sent;
+    pp_status ack = PP_OK;
     char err[1024] = "";
     const char *error = NULL;
     uint32_t error_code = 0;
@@ -199,13 +235,17 @@ static pp_status process(struct pp_stage *s, struct pp_stage_mb *mb, char *msg, 
                     (unsigned long long)h->microbatch_id, pp_rpc_code_name((int)error_code), err);
         }
     }
-    if (a->last)
-        sent = send_results(a, h, &sp, error ? NULL : &sampled, error, error_code);
-    else
-        sent = send_hidden(s, a, h, &sp, rows, error, error_code);
-    if (sent != PP_OK && ack == PP_OK) {
-        ack = sent == PP_ERR_NOMEM ? sent : PP_ERR_UNAVAILABLE;
-        snprintf(err, sizeof(err), "%s", pp_error_detail());
+    pp_status packed = a->last ? pack_results(a, h, &sp, error ? NULL : &sampled, error, error_code, box)
+                               : pack_hidden(a, h, &sp, rows, error, error_code, box);
+    if (packed != PP_OK) {
+        if (ack == PP_OK) {
+            ack = packed;
+            snprintf(err, sizeof(err), "%s", pp_error_detail());
+        }
+        outbox_free(box);
+    } else {
+        *out = a->out;
+        pp_stage_out_ref(a->out);
     }
     if (ack != PP_OK)
         snprintf(msg, msg_len, "%s", err);
@@ -221,11 +261,25 @@ static void *compute_main(void *arg)
     struct pp_stage_mb *mb;
     while ((mb = pp_stage_queue_pop(s)) != NULL) {
         msg[0] = '\0';
+        struct outbox box = {0};
+        struct pp_stage_out *out = NULL;
         pthread_mutex_lock(&s->mu);
-        pp_status st = process(s, mb, msg, sizeof(msg));
-        if (s->asg)
-            pp_stage_update_kv_stats(s);
+        pp_status st = process(s, mb, &box, &out, msg, sizeof(msg));
+        pp_stage_update_kv_stats(s);
         pthread_mutex_unlock(&s->mu);
+        pp_status sent = PP_OK;
+        for (size_t i = 0; out && i < box.n && sent == PP_OK; i++)
+            sent = pp_stage_out_send(out, box.msgs[i].data, box.msgs[i].len);
+        if (out && sent == PP_OK) {
+            pthread_mutex_lock(&s->stats_mu);
+            s->bytes_out += box.payload_bytes;
+            pthread_mutex_unlock(&s->stats_mu);
+        } else if (out && st == PP_OK) {
+            st = PP_ERR_UNAVAILABLE;
+            snprintf(msg, sizeof(msg), "%s", pp_error_detail());
+        }
+        pp_stage_out_unref(out);
+        outbox_free(&box);
         pp_stage_ack(mb->in, mb->hdr->microbatch_id, st, msg);
         pp_stage_queue_done(s, mb);
     }

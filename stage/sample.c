@@ -128,9 +128,9 @@ pp_status pp_stage_sample_prepare(struct pp_stage_history *h,
             struct pp_sampling sp;
             pp_status st = pp_sampling_from_wire(p->sampling, &sp);
             if (st != PP_OK)
-                return pp_error(st, "microbatch %llu, sequence %llu: %s",
-                                (unsigned long long)hdr->microbatch_id,
-                                (unsigned long long)p->seq_id, pp_error_detail());
+                return pp_stage_error_wrap(st, "microbatch %llu, sequence %llu",
+                                           (unsigned long long)hdr->microbatch_id,
+                                           (unsigned long long)p->seq_id);
         }
         /* the history mirrors the KV cache: both grow only when a forward pass succeeds */
         int32_t have = pp_stage_history_len(h, p->seq_id);

@@ -80,6 +80,7 @@ pp_status pp_stage_out_open(struct pp_stage *s, const char *target, int deliver,
     if (!o)
         return pp_error(PP_ERR_NOMEM, "no memory for the outgoing hop");
     o->s = s;
+    o->refs = 1;
     o->deliver = deliver;
     o->max_queued = max_queued;
     snprintf(o->target, sizeof(o->target), "%s", target);
@@ -89,12 +90,12 @@ pp_status pp_stage_out_open(struct pp_stage *s, const char *target, int deliver,
     pp_status st = pp_rpc_channel_new(target, &o->ch);
     if (st != PP_OK) {
         out_free(o);
-        return pp_error(st, "next hop %s: %s", target, pp_error_detail());
+        return pp_stage_error_wrap(st, "next hop %s", target);
     }
     if ((st = pp_rpc_stream_open(o->ch, method, 0, &out_cbs, o, &o->st)) != PP_OK) {
         pp_rpc_channel_free(o->ch);
         out_free(o);
-        return pp_error(st, "next hop %s: %s", target, pp_error_detail());
+        return pp_stage_error_wrap(st, "next hop %s", target);
     }
     if (!deliver) {
         struct pp_buf hs = {0};
@@ -124,14 +125,48 @@ int pp_stage_out_broken(struct pp_stage_out *o, char *why, size_t n)
     return broken;
 }
 
+void pp_stage_out_ref(struct pp_stage_out *o)
+{
+    pthread_mutex_lock(&o->mu);
+    o->refs++;
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* The last reference is gone: the stream, the channel and o itself go, once the call is over. */
+static void out_destroy(struct pp_stage_out *o)
+{
+    pthread_mutex_lock(&o->mu);
+    int ended = o->ended;
+    pthread_mutex_unlock(&o->mu);
+    pp_rpc_stream_release(o->st);
+    if (!ended) {
+        /* its callbacks may still come: keep what they touch rather than free it under them */
+        PP_ERROR("hop did not end after cancel: next=%s (its memory is kept)", o->target);
+        return;
+    }
+    pp_rpc_channel_free(o->ch);
+    out_free(o);
+}
+
+void pp_stage_out_unref(struct pp_stage_out *o)
+{
+    if (!o)
+        return;
+    pthread_mutex_lock(&o->mu);
+    int last = --o->refs == 0;
+    pthread_mutex_unlock(&o->mu);
+    if (last)
+        out_destroy(o);
+}
+
 pp_status pp_stage_out_send(struct pp_stage_out *o, const void *msg, size_t len)
 {
     long us = 100;
     while (pp_rpc_stream_queued(o->st) > o->max_queued) {
         pthread_mutex_lock(&o->mu);
-        int ended = o->ended;
+        int stop = o->ended || o->closing;
         pthread_mutex_unlock(&o->mu);
-        if (ended || atomic_load(&o->s->abandon) || atomic_load(&o->s->teardown))
+        if (stop || atomic_load(&o->s->abandon))
             break;
         pp_stage_sleep_us(us);
         if (us < 1000)
@@ -141,7 +176,7 @@ pp_status pp_stage_out_send(struct pp_stage_out *o, const void *msg, size_t len)
     if (pp_stage_out_broken(o, why, sizeof(why)))
         return pp_error(PP_ERR_UNAVAILABLE, "%s", why);
     if (pp_rpc_stream_send(o->st, msg, len) != PP_OK)
-        return pp_error(PP_ERR_UNAVAILABLE, "next hop %s: the stream has ended", o->target);
+        return pp_error(PP_ERR_UNAVAILABLE, "next hop %s: the stream is closed", o->target);
     return PP_OK;
 }
 
@@ -167,16 +202,12 @@ void pp_stage_out_close(struct pp_stage_out *o, int timeout_ms)
     if (!wait_end(o, pp_stage_now_mono() + timeout_ms / 1000.0)) {
         PP_WARN("hop close timed out: next=%s waited_ms=%d: cancelling", o->target, timeout_ms);
         pp_rpc_stream_cancel(o->st);
-        if (!wait_end(o, pp_stage_now_mono() + 2.0)) {
-            /* its callbacks may still come: keep what they touch rather than free it under them */
-            PP_ERROR("hop did not end after cancel: next=%s (its memory is kept)", o->target);
-            pp_rpc_stream_release(o->st);
-            return;
-        }
+        wait_end(o, pp_stage_now_mono() + 2.0);
     }
+    pthread_mutex_lock(&o->mu);
+    uint64_t acks = o->acks, errors = o->ack_errors;
+    pthread_mutex_unlock(&o->mu);
     PP_INFO("hop closed: next=%s acks=%llu ack_errors=%llu", o->target,
-            (unsigned long long)o->acks, (unsigned long long)o->ack_errors);
-    pp_rpc_stream_release(o->st);
-    pp_rpc_channel_free(o->ch);
-    out_free(o);
+            (unsigned long long)acks, (unsigned long long)errors);
+    pp_stage_out_unref(o);
 }

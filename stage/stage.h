@@ -13,8 +13,9 @@
  * Locks, in the order they may nest (never the other way):
  *   assign_mu → mu → info_mu / q_mu / stats_mu (leaves; q_mu may call into a stream's own lock).
  *   - assign_mu: one Assign at a time.
- *   - mu: the executor and everything in *asg (not thread-safe); the compute thread holds it per
- *     microbatch, Assign to swap the assignment, Release to free sequences.
+ *   - mu: the executor and everything in *asg (not thread-safe); the compute thread holds it while
+ *     it computes and packs a microbatch (not while it sends), Assign to swap the assignment,
+ *     Release to free sequences.
  *   - info_mu: info, what an inbound stream checks its handshake against (never held long).
  *   - q_mu: the microbatch queue and the list of inbound streams with their counters.
  *   - stats_mu: counters for the heartbeat and hop_error. */
@@ -88,6 +89,7 @@ struct pp_stage_out {
     struct pp_rpc_stream *st;
     pthread_mutex_t mu;       /* guards the fields below */
     pthread_cond_t cv;
+    int refs;                 /* the assignment's, plus the compute thread's while it sends */
     int ended;                /* on_end arrived */
     int closing;              /* this side is closing it: an end is not a failure */
     int broken;               /* it ended while in use */
@@ -99,6 +101,7 @@ struct pp_stage_out {
  * mu; built and freed by assign.c. */
 struct pp_stage_assignment {
     uint64_t gen;
+    uint64_t stage_id;               /* the coordinator's name for this stage (in Results) */
     uint32_t index;
     uint32_t n_stages;
     char model_name[PP_CFG_STR_MAX];
@@ -147,7 +150,6 @@ struct pp_stage {
     pthread_mutex_t mu;
     struct pp_stage_assignment *asg; /* mu; NULL while unassigned */
     uint64_t next_gen;               /* assign_mu */
-    _Atomic int teardown;            /* Assign waits for mu: stop waiting on the outgoing hop */
 
     pthread_mutex_t info_mu;
     struct pp_stage_info info;
@@ -188,6 +190,10 @@ void pp_stage_sleep_us(long us);
  * seconds); returns 0 once the deadline has passed, 1 after a wake-up (spurious ones included). */
 void pp_stage_cond_init(pthread_cond_t *cv);
 int pp_stage_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline);
+
+/* ---- error.c ---- */
+/* st with "<fmt ...>: <the current detail>" as its detail. */
+pp_status pp_stage_error_wrap(pp_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- probe.c ---- */
 /* Times a one-token matmul over a synthetic 16 MiB f16 weight with the CPU backend and `threads`
@@ -249,12 +255,16 @@ pp_status pp_stage_out_open(struct pp_stage *s, const char *target, int deliver,
                             const char *model_id, int32_t next_layer, size_t max_queued,
                             struct pp_stage_out **out);
 /* Queues one message, first waiting while more than max_queued are unwritten (a slow next hop),
- * unless the stream ended, the stage abandons waits, or an Assign tears the hop down. PP_ERR_UNAVAILABLE
- * with the hop's error once it broke. */
+ * unless the stream ended or is closing, or the stage's grace period is over. PP_ERR_UNAVAILABLE
+ * with the hop's error once it broke or closed. */
 pp_status pp_stage_out_send(struct pp_stage_out *o, const void *msg, size_t len);
+/* A reference for a sender outside mu; the hop is freed when the last one goes. NULL-safe unref. */
+void pp_stage_out_ref(struct pp_stage_out *o);
+void pp_stage_out_unref(struct pp_stage_out *o);
 /* 1 once the hop broke; why receives "next hop ADDR: <detail>". */
 int pp_stage_out_broken(struct pp_stage_out *o, char *why, size_t n);
-/* Half-closes, waits up to timeout_ms for the end (then cancels), frees. NULL-safe. */
+/* Half-closes, waits up to timeout_ms for the end (then cancels), drops the assignment's
+ * reference. NULL-safe. */
 void pp_stage_out_close(struct pp_stage_out *o, int timeout_ms);
 
 /* ---- sample.c: the last stage's token history and sampling ---- */

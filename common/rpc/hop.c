@@ -110,13 +110,23 @@ static pp_status check_header(const struct pp_hop_assembler *a, const Ppserve__V
         return pp_error(PP_ERR_INVALID_ARG, "microbatch %llu: dtype %d (expected F32 activations "
                         "or TOKEN_IDS)", (unsigned long long)h->microbatch_id, (int)h->dtype);
     if (h->n_shape != want_dims || h->shape[0] != rows ||
-        (want_dims == 2 && (h->shape[1] < 1 || (want_cols > 0 && h->shape[1] != want_cols))))
-        return pp_error(PP_ERR_INVALID_ARG,
-                        "microbatch %llu: shape [%lld%s%lld] does not match %lld tokens%s%lld",
-                        (unsigned long long)h->microbatch_id,
-                        h->n_shape ? (long long)h->shape[0] : -1LL, h->n_shape > 1 ? ", " : " ",
-                        h->n_shape > 1 ? (long long)h->shape[1] : 0LL, (long long)rows,
-                        want_dims == 2 ? " of width " : "", want_dims == 2 ? (long long)want_cols : 0LL);
+        (want_dims == 2 && (h->shape[1] < 1 || (want_cols > 0 && h->shape[1] != want_cols)))) {
+        char got[96] = "[", tail[64];
+        size_t n = 1;
+        for (size_t i = 0; i < h->n_shape && i < 4 && n < sizeof(got); i++)
+            n += (size_t)snprintf(got + n, sizeof(got) - n, "%s%lld", i ? ", " : "",
+                                  (long long)h->shape[i]);
+        if (n < sizeof(got))
+            snprintf(got + n, sizeof(got) - n, "%s]", h->n_shape > 4 ? ", ..." : "");
+        if (want_dims == 1)
+            snprintf(tail, sizeof(tail), " (expected [%lld] token ids)", (long long)rows);
+        else if (want_cols > 0)
+            snprintf(tail, sizeof(tail), " of width %lld", (long long)want_cols);
+        else
+            snprintf(tail, sizeof(tail), " of width >= 1");
+        return pp_error(PP_ERR_INVALID_ARG, "microbatch %llu: shape %s does not match %lld tokens%s",
+                        (unsigned long long)h->microbatch_id, got, (long long)rows, tail);
+    }
     uint64_t want = (uint64_t)rows * (uint64_t)(want_dims == 2 ? h->shape[1] : 1) * 4u;
     if (h->total_bytes != want)
         return pp_error(PP_ERR_INVALID_ARG, "microbatch %llu: %llu payload bytes announced, the "

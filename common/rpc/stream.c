@@ -309,26 +309,36 @@ int pp__rpc_stream_serve(grpc_call *call, pp_rpc_stream_open_fn open,
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
     start_locked(st, ops, 1, &st->t_meta);
+    /* open may finish the call itself, and the call may then be over before open returns: hold
+     * on_end back (it waits for the receive loop) until the application's user data is set */
+    st->recv_running = 1;
     pthread_mutex_unlock(&st->mu);
 
     static const struct pp_rpc_stream_cbs none = {0};
     pp_error_clear();
     void *app = open(ud, st);
     pthread_mutex_lock(&st->mu);
+    st->recv_running = 0;
     if (!app) {
         const char *d = pp_error_detail();
         st->cbs = &none; /* the application never saw the stream: nothing to call back */
-        st->close_requested = 1;
-        st->finish_code = GRPC_STATUS_UNAVAILABLE;
-        st->finish_msg = grpc_slice_from_copied_string(d[0] ? d : "refused");
+        if (!st->close_requested) {
+            st->close_requested = 1;
+            st->finish_code = GRPC_STATUS_UNAVAILABLE;
+            grpc_slice_unref(st->finish_msg);
+            st->finish_msg = grpc_slice_from_copied_string(d[0] ? d : "refused");
+        }
         pump_locked(st);
     } else {
         st->ud = app;
-        start_recv_locked(st, 0);
+        if (!st->call_over)
+            start_recv_locked(st, 0);
     }
     pthread_mutex_unlock(&st->mu);
     if (!app)
         unref(st); /* the application's reference */
+    else
+        maybe_end(st); /* the call ended while open ran */
     return 1;
 }
 

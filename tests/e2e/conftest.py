@@ -48,7 +48,7 @@ def ppserve_run(model, prompt_ids, max_tokens, tmp_path, extra=(), tag="c"):
     dump = tmp_path / f"{tag}.logits"
     p = run([PPSERVE, "run", "--model", str(model), "--prompt-ids", ",".join(map(str, prompt_ids)),
              "--max-tokens", str(max_tokens), "--dump-logits", str(dump), "--json", *extra])
-    lines = p.stdout.strip().splitlines()
+    lines = p.stdout.strip().split("\n")
     assert len(lines) == 1, f"--json must print exactly one line, got {p.stdout!r}"
     out = json.loads(lines[0])
     logits = np.fromfile(dump, dtype="<f4")
@@ -61,7 +61,7 @@ def reference(model, prompt_ids, force_ids, tmp_path, tag="ref"):
     p = run([PYTHON, str(REFERENCE), "--model", str(model),
              "--prompt-ids", ",".join(map(str, prompt_ids)), "--max-tokens", str(len(force_ids)),
              "--force-ids", ",".join(map(str, force_ids)), "--dump-logits", str(dump), "--json"])
-    ids = json.loads(p.stdout.strip().splitlines()[-1])["ids"]
+    ids = json.loads(p.stdout.strip().split("\n")[-1])["ids"]
     return ids, np.fromfile(dump, dtype="<f4").reshape(len(force_ids), -1)
 
 

@@ -202,6 +202,7 @@ static void test_error_header(void **state)
     c.microbatch_id = h.microbatch_id;
     expect(pp_hop_assembler_push(&a, &c, &done), "carries an error and 16 payload bytes");
     pp_hop_assembler_reset(&a);
+    pp_buf_free(&a.payload);
     free(data);
 }
 

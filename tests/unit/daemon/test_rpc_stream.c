@@ -74,7 +74,27 @@ static void server_end(void *ud, struct pp_rpc_stream *st, pp_status status)
     pp_rpc_stream_release(st);
 }
 
+/* "/t.T/Busy" ends every stream from inside open, before any message: the call can be over before
+ * open returns, and on_end must still get the user data open returned. */
+static int finish_bad_ud; /* sv.mu */
+
+static void *open_and_finish(void *ud, struct pp_rpc_stream *st)
+{
+    (void)ud;
+    pp_rpc_stream_finish(st, PP_ERR_PRECONDITION, "not ready");
+    return &sv;
+}
+
+static void finish_end(void *ud, struct pp_rpc_stream *st, pp_status status)
+{
+    pthread_mutex_lock(&sv.mu);
+    finish_bad_ud += ud != &sv;
+    pthread_mutex_unlock(&sv.mu);
+    server_end(ud, st, status);
+}
+
 static const struct pp_rpc_stream_cbs count_cbs = {count_msg, NULL, server_end};
+static const struct pp_rpc_stream_cbs finish_cbs = {count_msg, NULL, finish_end};
 static const struct pp_rpc_stream_cbs echo_cbs = {echo_msg, echo_half_close, server_end};
 
 /* ---- the client side: collects what arrives */
@@ -146,6 +166,7 @@ static int setup(void **state)
         pp_rpc_server_add_stream(srv, "/t.T/Count", open_stream, &count_cbs, (void *)1) ||
         pp_rpc_server_add_stream(srv, "/t.T/Echo", open_stream, &echo_cbs, (void *)1) ||
         pp_rpc_server_add_stream(srv, "/t.T/Full", open_stream, &count_cbs, (void *)2) ||
+        pp_rpc_server_add_stream(srv, "/t.T/Busy", open_and_finish, &finish_cbs, NULL) ||
         pp_rpc_server_start(srv, &port) != PP_OK)
         return -1;
     char target[64];
@@ -248,6 +269,24 @@ static void test_refused_and_failed_streams(void **state)
     pp_rpc_stream_release(st);
 }
 
+static void test_finished_in_open(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 50; i++) {
+        struct collector c;
+        init_collector(&c);
+        struct pp_rpc_stream *st;
+        int ended_before = sv.ended;
+        assert_int_equal(pp_rpc_stream_open(ch, "/t.T/Busy", 5000, &collect_cbs, &c, &st), PP_OK);
+        wait_done(&c);
+        assert_int_equal(c.status, PP_ERR_PRECONDITION);
+        assert_non_null(strstr(c.detail, "FAILED_PRECONDITION: not ready"));
+        pp_rpc_stream_release(st);
+        wait_server_end(ended_before + 1);
+    }
+    assert_int_equal(finish_bad_ud, 0);
+}
+
 static void test_deadline(void **state)
 {
     (void)state;
@@ -268,6 +307,7 @@ int main(void)
         cmocka_unit_test(test_bidi_echo_large),
         cmocka_unit_test(test_client_goes_away),
         cmocka_unit_test(test_refused_and_failed_streams),
+        cmocka_unit_test(test_finished_in_open),
         cmocka_unit_test(test_deadline),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
