@@ -8,6 +8,7 @@
 
 #include "client/args.h"
 #include "client/commands.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/json_write.h"
 #include "model/tokenizer.h"
@@ -32,13 +33,6 @@ static char *read_file(const char *path, size_t *len)
     return b.data;
 }
 
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int bench(const struct pp_tokenizer *tok, const char *path, int json)
 {
     size_t len = 0;
@@ -48,15 +42,15 @@ static int bench(const struct pp_tokenizer *tok, const char *path, int json)
         return 1;
     }
     int32_t *ids = NULL, n = 0;
-    double best = 1e30, t0 = now_seconds();
+    double best = 1e30, t0 = pp_clock_mono();
     int rounds = 0;
     pp_status st = PP_OK;
-    while (st == PP_OK && (rounds < 3 || now_seconds() - t0 < 1.0) && rounds < 50) {
-        double a = now_seconds();
+    while (st == PP_OK && (rounds < 3 || pp_clock_mono() - t0 < 1.0) && rounds < 50) {
+        double a = pp_clock_mono();
         pp_free(PP_MEM_MISC, ids);
         ids = NULL;
         st = pp_tokenizer_encode_ex(tok, text, len, PP_TOKENIZE_PARSE_SPECIAL, &ids, &n);
-        double dt = now_seconds() - a;
+        double dt = pp_clock_mono() - a;
         best = dt < best ? dt : best;
         rounds++;
     }

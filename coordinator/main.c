@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
 #include "model/identity.h"
@@ -100,7 +101,7 @@ static void tick(struct coordinator *co)
     pthread_mutex_lock(&co->mu);
     co_check_stages(co);
     co_check_deadlines(co);
-    double now = co_now();
+    double now = pp_clock_mono();
     if (now - co->rate_t0 >= 2.0) {
         co->tokens_per_s = (double)(co->tokens_generated - co->rate_tokens0) / (now - co->rate_t0);
         co->rate_t0 = now;
@@ -226,7 +227,7 @@ int main(int argc, char **argv)
     pp_rpc_health_set(co->health, "ppserve.v1.Ppserve", PP_HEALTH_NOT_SERVING);
     pthread_mutex_unlock(&co->mu);
     /* let running requests finish within the grace period; new ones are refused meanwhile */
-    for (double t0 = co_now(); co_now() - t0 < (double)co->cfg.grace_ms / 1000.0;) {
+    for (double t0 = pp_clock_mono(); pp_clock_mono() - t0 < (double)co->cfg.grace_ms / 1000.0;) {
         pthread_mutex_lock(&co->mu);
         int busy = co->n_running + co->n_queued;
         if (co->state == CO_SERVING)

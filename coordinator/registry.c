@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
 
@@ -43,7 +44,7 @@ static pp_status on_register(void *ud, const ProtobufCMessage *msg, struct pp_bu
         if (co->state == CO_SERVING || co->state == CO_STARTING)
             co_pipeline_down(co, "stage %s registered again (it restarted and lost its layers)",
                              s->address);
-        s->last_seen = co_now();
+        s->last_seen = pp_clock_mono();
         out.stage_id = s->id;
     } else if (s || co->state == CO_WAITING) {
         if (!s) {
@@ -60,7 +61,7 @@ static pp_status on_register(void *ud, const ProtobufCMessage *msg, struct pp_bu
         s->weight_bps = req->weight_bytes_per_second;
         s->memory_bytes = (int64_t)req->memory_bytes;
         s->threads = req->compute_threads;
-        s->last_seen = co_now();
+        s->last_seen = pp_clock_mono();
         s->alive = 1;
         out.stage_id = s->id;
         PP_INFO("stage registered id=%llu address=%s threads=%u weight_gbps=%.2f (%d of %lld)",
@@ -85,7 +86,7 @@ static pp_status on_heartbeat(void *ud, const ProtobufCMessage *msg, struct pp_b
     if (!s) {
         out.unknown = 1;
     } else {
-        double now = co_now();
+        double now = pp_clock_mono();
         s->last_seen = now;
         if (req->stats) {
             const Ppserve__V1__StageStats *in = req->stats;
@@ -115,7 +116,7 @@ static pp_status on_heartbeat(void *ud, const ProtobufCMessage *msg, struct pp_b
 
 void co_check_stages(struct coordinator *co)
 {
-    double now = co_now();
+    double now = pp_clock_mono();
     double limit = (double)co->cfg.stage_timeout_ms / 1000.0;
     for (int i = 0; i < co->n_stages; i++) {
         struct co_stage *s = &co->stages[i];

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/rpc/hop.h"
 #include "coordinator/coordinator.h"
@@ -73,7 +74,7 @@ void co_request_enqueue(struct coordinator *co, struct co_request *req)
 {
     req->seq_id = ++co->next_seq_id;
     req->state = CO_REQ_QUEUED;
-    req->t_arrival = co_now();
+    req->t_arrival = pp_clock_mono();
     req->deadline = req->t_arrival + (double)co->cfg.request_timeout_ms / 1000.0;
     list_push_back(&co->queued, req);
     co->n_queued++;
@@ -106,7 +107,7 @@ static void admit(struct coordinator *co)
         co->kv_blocks_reserved += req->kv_blocks;
         req->kv_reserved = 1;
         req->state = CO_REQ_RUNNING;
-        req->t_admit = co_now();
+        req->t_admit = pp_clock_mono();
         if (req->max_tokens == 0) {
             /* nothing to generate: done without touching the stages */
             req->t_first_token = req->t_last_token = req->t_admit;
@@ -162,7 +163,7 @@ static pp_status send_microbatch(struct coordinator *co, struct co_microbatch *m
         int64_t shape[1] = {mb->n_tokens};
         hdr.n_shape = 1;
         hdr.shape = shape;
-        mb->sent = co_wall_now();
+        mb->sent = pp_clock_real();
         st = pp_hop_encode(&hdr, ids, (size_t)mb->n_tokens * sizeof(int32_t), emit_chunk,
                            co->first_hop);
     }
@@ -256,7 +257,7 @@ void co_schedule(struct coordinator *co)
 static void accept_token(struct coordinator *co, struct co_request *req, int32_t id,
                          const float *logits)
 {
-    double now = co_now();
+    double now = pp_clock_mono();
     if (req->n_gen == 0)
         req->t_first_token = now;
     req->t_last_token = now;
@@ -361,7 +362,7 @@ void co_fail_all(struct coordinator *co, pp_status st, const char *why)
 
 void co_check_deadlines(struct coordinator *co)
 {
-    double now = co_now();
+    double now = pp_clock_mono();
     struct co_request *heads[2] = {&co->running, &co->queued};
     for (int h = 0; h < 2; h++)
         for (struct co_request *r = heads[h]->next, *nx; r != heads[h]; r = nx) {

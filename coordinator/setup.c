@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/rpc/hop.h"
 #include "coordinator/coordinator.h"
@@ -220,7 +221,7 @@ pp_status co_setup_pipeline(struct coordinator *co)
     if (st == PP_OK) {
         co->state = CO_SERVING;
         snprintf(co->state_reason, sizeof(co->state_reason), "serving");
-        co->rate_t0 = co_now();
+        co->rate_t0 = pp_clock_mono();
         co->rate_tokens0 = co->tokens_generated;
         pp_rpc_health_set(co->health, "", PP_HEALTH_SERVING);
         pp_rpc_health_set(co->health, "ppserve.v1.Ppserve", PP_HEALTH_SERVING);

@@ -3,6 +3,7 @@
  * results came back. Kept in a ring for Trace and `ppserve trace`. */
 #include <string.h>
 
+#include "common/clock.h"
 #include "coordinator/coordinator.h"
 
 void co_trace_record(struct coordinator *co, const struct co_microbatch *mb,
@@ -13,7 +14,7 @@ void co_trace_record(struct coordinator *co, const struct co_microbatch *mb,
     e->n_seqs = (uint32_t)mb->n_parts;
     e->n_tokens = (uint32_t)mb->n_tokens;
     e->sent = mb->sent;
-    e->delivered = co_wall_now();
+    e->delivered = pp_clock_real();
     e->n_spans = 0;
     for (size_t i = 0; i < r->n_spans && e->n_spans < CO_MAX_STAGES; i++) {
         Ppserve__V1__StageSpan s = PPSERVE__V1__STAGE_SPAN__INIT;

@@ -4,15 +4,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "model/textstream.h"
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const char *pp_finish_reason_name(enum pp_finish_reason r)
 {
@@ -88,16 +82,16 @@ static pp_status run(struct gen *g, struct pp_gen_result *res)
     int32_t ctx = pp_executor_max_context(g->ex);
     struct pp_exec_seq part = {req->seq_id, 0, req->n_prompt, 1};
     struct pp_exec_batch b = {1, &part, req->prompt, NULL};
-    double t0 = now_seconds();
+    double t0 = pp_clock_mono();
     pp_status st = pp_executor_forward(g->ex, &b, NULL, g->logits);
     if (st != PP_OK)
         return st;
-    res->prefill_seconds = now_seconds() - t0;
+    res->prefill_seconds = pp_clock_mono() - t0;
     if (req->max_tokens == 0)
         return PP_OK;
     int done;
     sample_step(g, res, &done);
-    double t1 = now_seconds();
+    double t1 = pp_clock_mono();
     while (!done && res->n_ids < req->max_tokens && req->n_prompt + res->n_ids < ctx) {
         part.pos = req->n_prompt + res->n_ids - 1;
         part.n_tokens = 1;
@@ -106,7 +100,7 @@ static pp_status run(struct gen *g, struct pp_gen_result *res)
             return st;
         sample_step(g, res, &done);
     }
-    res->decode_seconds = now_seconds() - t1;
+    res->decode_seconds = pp_clock_mono() - t1;
     return PP_OK;
 }
 

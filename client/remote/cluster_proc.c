@@ -153,10 +153,10 @@ void pp_cluster_stop(struct pp_child *kids, int n, double grace_s)
     for (int i = 0; i < n; i++)
         if (kids[i].pid > 0 && !kids[i].exited)
             kill(kids[i].pid, SIGTERM);
-    double deadline = pp_remote_now() + grace_s;
+    double deadline = pp_clock_mono() + grace_s;
     pp_cluster_reap(kids, n);
     while (running(kids, n) > 0) {
-        double left = deadline - pp_remote_now();
+        double left = deadline - pp_clock_mono();
         if (left <= 0)
             break;
         int sig = pp_cluster_wait_event(left < 0.1 ? left : 0.1);

@@ -137,7 +137,7 @@ static int wait_coordinator_port(struct cluster *c, int port, double deadline)
     while (keep_going(c)) {
         if (port_accepts(port))
             return 0;
-        if (pp_remote_now() >= deadline) {
+        if (pp_clock_mono() >= deadline) {
             fprintf(stderr, "ppserve cluster: error: the coordinator did not listen on "
                     "127.0.0.1:%d within %.0f s\n", port, STARTUP_TIMEOUT_S);
             return -1;
@@ -226,7 +226,7 @@ static int wait_serving(struct cluster *c, const struct cluster_opts *o,
     snprintf(addr, sizeof(addr), "127.0.0.1:%d", o->port);
     Ppserve__V1__StatusResponse *s = NULL;
     struct pp_remote_wait why;
-    double left = deadline - pp_remote_now();
+    double left = deadline - pp_clock_mono();
     pp_rpc_init();
     pp_status st = pp_remote_wait_serving(addr, left > 0 ? left : 0, POLL_CALL_TIMEOUT_MS,
                                           keep_going, c, &s, &why);
@@ -263,7 +263,7 @@ static int run_cluster(const struct cluster_opts *o, const struct model_path *m,
     }
     sigset_t old;
     pp_cluster_signals_block(&old);
-    double deadline = pp_remote_now() + STARTUP_TIMEOUT_S;
+    double deadline = pp_clock_mono() + STARTUP_TIMEOUT_S;
     int serving = 0, ok = start_coordinator(&c, o, m, coord_path, &old) == 0 &&
                           wait_coordinator_port(&c, o->port, deadline) == 0;
     for (int i = 0; ok && i < o->stages; i++)

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "client/args.h"
+#include "client/sampling_args.h"
 #include "client/commands.h"
 #include "client/remote/remote.h"
 #include "common/alloc.h"
@@ -366,14 +367,7 @@ int pp_cmd_generate(int argc, char **argv)
         {"prompt", PP_ARG_STRING, &o.prompt, 0, 0, "prompt text (needs the model's tokenizer)"},
         {"prompt-ids", PP_ARG_IDS, &o.prompt_ids, 0, 0, "prompt token ids, used exactly as given"},
         {"max-tokens", PP_ARG_INT, &o.max_tokens, 0, 1 << 24, "tokens to generate (default 64; 0 = the coordinator's default)"},
-        {"temperature", PP_ARG_FLOAT, &o.sampling.temperature, 0, 100, "0 = greedy (default)"},
-        {"top-k", PP_ARG_INT, &o.sampling.top_k, 0, 1 << 24, "keep the k most likely (0 = off)"},
-        {"top-p", PP_ARG_FLOAT, &o.sampling.top_p, 1e-9, 1, "nucleus mass in (0, 1] (1 = off)"},
-        {"min-p", PP_ARG_FLOAT, &o.sampling.min_p, 0, 0.999999, "drop tokens below min_p x the top probability"},
-        {"repeat-penalty", PP_ARG_FLOAT, &o.sampling.repeat_penalty, 1e-6, 100, "penalise seen tokens (1 = off)"},
-        {"seed", PP_ARG_U64, &o.sampling.seed, 0, 0, "sampling seed (default 0)"},
-        {"stop", PP_ARG_STRINGS, &o.stops, 0, 0, "stop string (repeatable)"},
-        {"ignore-eos", PP_ARG_FLAG, &o.ignore_eos, 0, 0, "keep generating past end-of-sequence"},
+        PP_SAMPLING_ARGS(&o.sampling, &o.stops, &o.ignore_eos),
         {"dump-logits", PP_ARG_STRING, &o.dump_logits, 0, 0, "write f32 logits per generated token"},
         {"json", PP_ARG_FLAG, &o.json, 0, 0, "print one JSON line instead of streaming text"},
         {"timeout-ms", PP_ARG_INT, &o.timeout_ms, 0, 86400000, "deadline of the whole request (default 0 = none)"},

@@ -35,13 +35,6 @@ int pp_remote_fail(const char *cmd, pp_status st)
     return 1;
 }
 
-double pp_remote_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 pp_status pp_remote_status_get(struct pp_rpc_channel *ch, int64_t timeout_ms,
                                Ppserve__V1__StatusResponse **out)
 {
@@ -73,11 +66,11 @@ pp_status pp_remote_wait_serving(const char *addr, double timeout_s, int64_t cal
                                  pp_remote_keep_going_fn keep_going, void *ud,
                                  Ppserve__V1__StatusResponse **out, struct pp_remote_wait *why)
 {
-    double deadline = pp_remote_now() + timeout_s;
+    double deadline = pp_clock_mono() + timeout_s;
     memset(why, 0, sizeof(*why));
     snprintf(why->reason, sizeof(why->reason), "no answer yet");
     for (;;) {
-        double poll_start = pp_remote_now();
+        double poll_start = pp_clock_mono();
         double left_ms = (deadline - poll_start) * 1000.0;
         int64_t t = call_timeout_ms;
         if (left_ms < (double)t)
@@ -106,7 +99,7 @@ pp_status pp_remote_wait_serving(const char *addr, double timeout_s, int64_t cal
             why->stopped = 1;
             return PP_ERR_IO;
         }
-        double now = pp_remote_now();
+        double now = pp_clock_mono();
         if (now >= deadline)
             return PP_ERR_IO;
         double next = poll_start + 0.2;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "common/rpc/rpc.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "ppserve/v1/client.pb-c.h"
 
@@ -29,9 +30,6 @@ const char *pp_remote_error_text(pp_status st);
 
 /* Prints "ppserve CMD: error: <pp_remote_error_text>" to stderr; returns 1. */
 int pp_remote_fail(const char *cmd, pp_status st);
-
-/* Seconds on a monotonic clock. */
-double pp_remote_now(void);
 
 /* Calls Status once. *out is freed with protobuf_c_message_free_unpacked(&(*out)->base, NULL). */
 pp_status pp_remote_status_get(struct pp_rpc_channel *ch, int64_t timeout_ms,
