@@ -333,12 +333,12 @@ int pp__rpc_stream_serve(grpc_call *call, pp_rpc_stream_open_fn open,
         st->ud = app;
         if (!st->call_over)
             start_recv_locked(st, 0);
+        st->refs++; /* for the maybe_end below: on_end may run and the application let go */
     }
     pthread_mutex_unlock(&st->mu);
-    if (!app)
-        unref(st); /* the application's reference */
-    else
+    if (app)
         maybe_end(st); /* the call ended while open ran */
+    unref(st); /* the application's reference (refused), or the one taken above */
     return 1;
 }
 
