@@ -226,7 +226,7 @@ pp_status pp_stage_assign_handler(void *ud, const ProtobufCMessage *req, struct 
     char path[PATH_MAX], id[PP_MODEL_ID_LEN];
     int32_t n_layers = 0;
     pthread_mutex_lock(&s->assign_mu);
-    double t0 = pp_stage_now_mono();
+    double t0 = pp_clock_mono();
     pp_status st = validate(s, m, path, id, &n_layers);
     if (st != PP_OK) {
         PP_WARN("assign refused: model=%s layers=%d..%d code=%s detail=\"%s\"",
@@ -272,7 +272,7 @@ pp_status pp_stage_assign_handler(void *ud, const ProtobufCMessage *req, struct 
             "block_tokens=%u weight_bytes=%llu max_batch_tokens=%d load_s=%.3f",
             a->index, a->n_stages, a->model_name, a->model_id, a->first_layer, a->last_layer,
             a->out->target, r.kv_blocks, r.kv_block_tokens, (unsigned long long)r.weight_bytes,
-            a->max_batch_tokens, pp_stage_now_mono() - t0);
+            a->max_batch_tokens, pp_clock_mono() - t0);
     pthread_mutex_unlock(&s->assign_mu);
     return pp_rpc_pack(&r.base, resp);
 }

@@ -1,23 +1,9 @@
-/* Clocks of the stage: realtime seconds for the spans that travel on the wire (comparable across
- * hosts), monotonic seconds for durations and deadlines. */
+/* Waiting in the stage: sleeps, and condition variables timed on the monotonic clock (common/clock
+ * gives the clocks themselves). */
 #include <errno.h>
 #include <time.h>
 
 #include "stage/stage.h"
-
-double pp_stage_now_real(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-double pp_stage_now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void pp_stage_sleep_us(long us)
 {
@@ -37,7 +23,7 @@ void pp_stage_cond_init(pthread_cond_t *cv)
 
 int pp_stage_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline)
 {
-    double now = pp_stage_now_mono();
+    double now = pp_clock_mono();
     if (now >= deadline)
         return 0;
     struct timespec ts;

@@ -163,8 +163,8 @@ static pp_status compute(struct pp_stage *s, struct pp_stage_assignment *a, stru
         st = pp_error(PP_ERR_NOMEM, "no memory for %lld rows of activations", (long long)rows);
     if (st == PP_OK && a->last)
         st = pp_stage_sample_prepare(a->history, h);
-    span->compute_start = pp_stage_now_real();
-    double t0 = pp_stage_now_mono();
+    span->compute_start = pp_clock_real();
+    double t0 = pp_clock_mono();
     if (st == PP_OK) {
         struct pp_exec_batch b = {(int32_t)h->n_parts, a->seqs, NULL, NULL};
         if (a->first)
@@ -175,8 +175,8 @@ static pp_status compute(struct pp_stage *s, struct pp_stage_assignment *a, stru
     }
     if (st == PP_OK && a->last)
         st = pp_stage_sample(a->history, a->sampler, a->vocab, h, a->logits, sampled);
-    span->compute_end = pp_stage_now_real();
-    double dt = pp_stage_now_mono() - t0;
+    span->compute_end = pp_clock_real();
+    double dt = pp_clock_mono() - t0;
     if (st != PP_OK)
         snprintf(msg, msg_len, "stage %u (layers %d..%d): %s", a->index, a->first_layer,
                  a->last_layer, pp_error_detail()[0] ? pp_error_detail() : pp_strerror(st));
@@ -222,7 +222,7 @@ static pp_status process(struct pp_stage *s, struct pp_stage_mb *mb, struct outb
     struct pp_stage_sampled sampled = {0};
     int64_t rows = h->n_shape ? h->shape[0] : 0;
     if (h->error && h->error[0]) { /* failed upstream: pass it on untouched */
-        sp.own.compute_start = sp.own.compute_end = pp_stage_now_real();
+        sp.own.compute_start = sp.own.compute_end = pp_clock_real();
         error = h->error;
         error_code = h->error_code;
     } else {

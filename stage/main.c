@@ -100,7 +100,7 @@ static void context_free(struct pp_stage *s)
 
 static int ms_left(double deadline, int floor_ms)
 {
-    double left = (deadline - pp_stage_now_mono()) * 1000.0;
+    double left = (deadline - pp_clock_mono()) * 1000.0;
     return left > floor_ms ? (int)left : floor_ms;
 }
 
@@ -108,7 +108,7 @@ static int ms_left(double deadline, int floor_ms)
  * deadline. */
 static void shutdown_stage(struct pp_stage *s)
 {
-    double deadline = pp_stage_now_mono() + (double)s->cfg.grace_ms / 1000.0;
+    double deadline = pp_clock_mono() + (double)s->cfg.grace_ms / 1000.0;
     if (s->health) {
         pp_rpc_health_set(s->health, "", PP_HEALTH_NOT_SERVING);
         pp_rpc_health_set(s->health, "ppserve.v1.Stage", PP_HEALTH_NOT_SERVING);
@@ -178,7 +178,7 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    s->serving_since = pp_stage_now_mono();
+    s->serving_since = pp_clock_mono();
     PP_INFO("stage listening on %s", s->advertise);
     if (pp_stage_probe((int)s->cfg.threads, &s->weight_bytes_per_second) != PP_OK)
         PP_WARN("probe failed: %s (reporting speed 0)", pp_error_detail());

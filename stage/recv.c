@@ -151,7 +151,7 @@ static void on_chunk(struct pp_stage_inbound *in, const Ppserve__V1__Chunk *c)
         return;
     }
     if (in->assembler.next_index == 0)
-        in->recv_start = pp_stage_now_real();
+        in->recv_start = pp_clock_real();
     pthread_mutex_lock(&s->stats_mu);
     s->bytes_in += c->data.len;
     pthread_mutex_unlock(&s->stats_mu);
@@ -162,7 +162,7 @@ static void on_chunk(struct pp_stage_inbound *in, const Ppserve__V1__Chunk *c)
     }
     if (!done)
         return;
-    double recv_end = pp_stage_now_real();
+    double recv_end = pp_clock_real();
     const Ppserve__V1__MicrobatchHeader *h = in->assembler.hdr;
     int failed = !(h->error && h->error[0]) && check_microbatch(in, h, &in->assembler.payload) != PP_OK;
     if (failed) {

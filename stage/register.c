@@ -20,7 +20,7 @@ static const char *const HEARTBEAT_METHOD = "/ppserve.v1.Coordinator/Heartbeat";
 /* Sleeps ms unless the thread is told to stop; returns 0 once it must stop. */
 static int ctl_sleep(struct pp_stage *s, int64_t ms)
 {
-    double deadline = pp_stage_now_mono() + (double)ms / 1000.0;
+    double deadline = pp_clock_mono() + (double)ms / 1000.0;
     pthread_mutex_lock(&s->ctl_mu);
     while (!s->ctl_stop && pp_stage_cond_wait_until(&s->ctl_cv, &s->ctl_mu, deadline))
         ;
@@ -105,7 +105,7 @@ static int register_loop(struct pp_stage *s, struct pp_rpc_channel **ch)
 static void fill_stats(struct pp_stage *s, Ppserve__V1__StageStats *st, char *hop_error, size_t n)
 {
     st->queue_depth = (uint32_t)pp_stage_queue_len(s);
-    st->wall_seconds = pp_stage_now_mono() - s->serving_since;
+    st->wall_seconds = pp_clock_mono() - s->serving_since;
     pthread_mutex_lock(&s->stats_mu);
     st->busy_seconds = s->busy_seconds;
     st->bytes_in = s->bytes_in;

@@ -199,10 +199,10 @@ void pp_stage_out_close(struct pp_stage_out *o, int timeout_ms)
     o->closing = 1;
     pthread_mutex_unlock(&o->mu);
     pp_rpc_stream_close_send(o->st);
-    if (!wait_end(o, pp_stage_now_mono() + timeout_ms / 1000.0)) {
+    if (!wait_end(o, pp_clock_mono() + timeout_ms / 1000.0)) {
         PP_WARN("hop close timed out: next=%s waited_ms=%d: cancelling", o->target, timeout_ms);
         pp_rpc_stream_cancel(o->st);
-        wait_end(o, pp_stage_now_mono() + 2.0);
+        wait_end(o, pp_clock_mono() + 2.0);
     }
     pthread_mutex_lock(&o->mu);
     uint64_t acks = o->acks, errors = o->ack_errors;

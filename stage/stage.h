@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/rpc/health.h"
 #include "common/rpc/hop.h"
 #include "common/rpc/rpc.h"
@@ -183,8 +184,6 @@ struct pp_stage {
 };
 
 /* ---- clock.c ---- */
-double pp_stage_now_real(void); /* CLOCK_REALTIME seconds: the spans on the wire */
-double pp_stage_now_mono(void); /* CLOCK_MONOTONIC seconds: durations */
 void pp_stage_sleep_us(long us);
 /* A condition variable timed on the monotonic clock, and a wait on it until deadline (monotonic
  * seconds); returns 0 once the deadline has passed, 1 after a wake-up (spurious ones included). */
