@@ -173,9 +173,10 @@ static pp_status send_microbatch(struct coordinator *co, struct co_microbatch *m
     return st;
 }
 
-/* Forms one microbatch of at most budget tokens from the running sequences, in list order
- * (decode steps first), and sends it. Returns 0 when nothing was waiting. */
-static int form_one(struct coordinator *co, int32_t budget)
+/* Forms one microbatch of at most budget tokens, and at most decode_cap decode steps, from the
+ * running sequences in list order (decode steps first), and sends it. Returns 0 when nothing was
+ * waiting. */
+static int form_one(struct coordinator *co, int32_t budget, int decode_cap)
 {
     int cap = co->n_running;
     struct co_mb_part *parts = pp_calloc(PP_MEM_MISC, (size_t)cap, sizeof(*parts));
@@ -185,13 +186,15 @@ static int form_one(struct coordinator *co, int32_t budget)
         pp_free(PP_MEM_MISC, counts);
         return 0;
     }
-    int n = 0;
+    int n = 0, n_decode = 0;
     int32_t used = 0;
     for (int pass = 0; pass < 2 && used < budget; pass++) {
         for (struct co_request *r = co->running.next; r != &co->running && used < budget;
              r = r->next) {
             int decode = r->n_fed >= r->n_prompt;
             if (decode != (pass == 0) || pending(r) <= 0 || n >= cap)
+                continue;
+            if (decode && n_decode++ >= decode_cap)
                 continue;
             int32_t k = pending(r) < budget - used ? pending(r) : budget - used;
             parts[n].req = r;
@@ -239,15 +242,22 @@ void co_schedule(struct coordinator *co)
     admit(co);
     while (co->n_in_flight < co->max_in_flight) {
         int64_t total = 0;
-        for (struct co_request *r = co->running.next; r != &co->running; r = r->next)
+        int decoding = 0;
+        for (struct co_request *r = co->running.next; r != &co->running; r = r->next) {
             total += pending(r) > 0 ? pending(r) : 0;
+            decoding += r->n_fed >= r->n_prompt;
+        }
         if (total == 0)
             return;
         int64_t free_slots = co->max_in_flight - co->n_in_flight;
         int64_t budget = (total + free_slots - 1) / free_slots;
         if (budget > co->cfg.max_batch_tokens)
             budget = co->cfg.max_batch_tokens;
-        if (!form_one(co, (int32_t)budget))
+        /* decoding sequences spread evenly over the microbatches in flight: a group that once got
+         * most of them would otherwise keep them (a step waits for its group's results), and the
+         * pipeline would run at the pace of its largest group */
+        int decode_cap = (decoding + co->max_in_flight - 1) / co->max_in_flight;
+        if (!form_one(co, (int32_t)budget, decode_cap > 0 ? decode_cap : 1))
             return;
     }
 }

@@ -195,7 +195,7 @@ int pp_stage_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double dea
 pp_status pp_stage_error_wrap(pp_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- probe.c ---- */
-/* Times a one-token matmul over a synthetic 16 MiB f16 weight with the CPU backend and `threads`
+/* Times a one-token matmul over a synthetic 64 MiB f16 weight with the CPU backend and `threads`
  * threads (best of 5 after a warm-up); *bytes_per_second = weight bytes / seconds. */
 pp_status pp_stage_probe(int threads, double *bytes_per_second);
 

@@ -561,7 +561,9 @@ class HopStream:
     def send(self, msg):
         self.out.put(msg if isinstance(msg, bytes) else msg.SerializeToString())
 
-    def handshake(self, model_id, next_layer, version=1):
+    def handshake(self, model_id, next_layer, version=None):
+        if version is None:
+            version = self.pb.PROTOCOL_VERSION_CURRENT
         self.send(self.pb.HopMessage(handshake=self.pb.Handshake(
             protocol_version=version, model_id=model_id, next_layer=next_layer)))
 
