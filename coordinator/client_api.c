@@ -262,7 +262,8 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
         o->bytes_in = s->stats.bytes_in;
         o->bytes_out = s->stats.bytes_out;
         o->kv_blocks_used = s->stats.kv_blocks_used;
-        o->kv_blocks_total = s->stats.kv_blocks_total;
+        /* before the first heartbeat after assignment, the capacity the stage announced */
+        o->kv_blocks_total = s->stats.kv_blocks_total ? s->stats.kv_blocks_total : s->kv_blocks;
         busy_sum += o->busy_fraction;
     }
     out.bubble_fraction = co->n_stages > 0 ? 1.0 - busy_sum / co->n_stages : 0.0;

@@ -58,6 +58,8 @@ fi
 
 echo "== ppserve generate --addr $addr =="
 ./build/ppserve generate --addr "$addr" --prompt "Once upon a time" --max-tokens 32
+# the table shows the stages' counters as of their last heartbeat (every second)
+sleep 1.5
 echo "== ppserve status --addr $addr =="
 ./build/ppserve status --addr "$addr"
 echo "== stopping the cluster =="

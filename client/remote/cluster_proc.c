@@ -140,30 +140,28 @@ int pp_cluster_wait_event(double timeout_s)
     }
 }
 
-static int running(const struct pp_child *kids, int n)
-{
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        k += kids[i].pid > 0 && !kids[i].exited;
-    return k;
-}
-
 void pp_cluster_stop(struct pp_child *kids, int n, double grace_s)
 {
-    for (int i = 0; i < n; i++)
-        if (kids[i].pid > 0 && !kids[i].exited)
-            kill(kids[i].pid, SIGTERM);
+    /* one at a time, in order (the coordinator, then the stages from the first): each closes its
+     * outgoing hop before the next one goes, so no stage sees its next hop vanish under it */
     double deadline = pp_clock_mono() + grace_s;
-    pp_cluster_reap(kids, n);
-    while (running(kids, n) > 0) {
-        double left = deadline - pp_clock_mono();
-        if (left <= 0)
-            break;
-        int sig = pp_cluster_wait_event(left < 0.1 ? left : 0.1);
+    int hurry = 0;
+    for (int i = 0; i < n && !hurry; i++) {
+        if (kids[i].pid <= 0 || kids[i].exited)
+            continue;
+        kill(kids[i].pid, SIGTERM);
         pp_cluster_reap(kids, n);
-        if (sig == SIGINT || sig == SIGTERM) {
-            fprintf(stderr, "ppserve cluster: asked again: killing what is left\n");
-            break;
+        while (!kids[i].exited) {
+            double left = deadline - pp_clock_mono();
+            if (left <= 0)
+                break;
+            int sig = pp_cluster_wait_event(left < 0.1 ? left : 0.1);
+            pp_cluster_reap(kids, n);
+            if (sig == SIGINT || sig == SIGTERM) {
+                fprintf(stderr, "ppserve cluster: asked again: killing what is left\n");
+                hurry = 1;
+                break;
+            }
         }
     }
     for (int i = 0; i < n; i++) {
