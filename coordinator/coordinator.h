@@ -95,7 +95,8 @@ struct co_microbatch {
     int n_parts;
     struct co_mb_part *parts;
     int32_t n_tokens;
-    double sent; /* realtime seconds */
+    int has_decode; /* carries decode steps */
+    double sent;    /* realtime seconds */
 };
 
 struct co_release {

@@ -17,7 +17,7 @@ const struct pp_cfg_key pp_coordinator_config_keys[] = {
     KEY("stages", PP_CFG_INT, stages, 1, 64, "stages per pipeline"),
     KEY("layers", PP_CFG_INTS, layers, 1, 4096, "layers per stage, e.g. [2, 3, 3] (default: planned)"),
     KEY("max_batch_tokens", PP_CFG_INT, max_batch_tokens, 1, 1 << 16, "token budget per microbatch"),
-    KEY("microbatches", PP_CFG_INT, microbatches, 0, 256, "microbatches in flight (0 = one per stage; fewer idles stages)"),
+    KEY("microbatches", PP_CFG_INT, microbatches, 0, 256, "microbatches in flight (0 = stages + 1; fewer than the stages idles some)"),
     KEY("queue_max", PP_CFG_INT, queue_max, 0, 1 << 20, "requests waiting before RESOURCE_EXHAUSTED"),
     KEY("default_max_tokens", PP_CFG_INT, default_max_tokens, 1, 1 << 20, "for requests that say 0"),
     KEY("request_timeout_ms", PP_CFG_INT, request_timeout_ms, 100, 86400000, "longest request"),

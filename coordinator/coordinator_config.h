@@ -13,7 +13,7 @@ struct pp_coordinator_config {
     int64_t stages;               /* stages per pipeline */
     struct pp_cfg_ints layers;    /* layers per stage; empty = planned from measured cost */
     int64_t max_batch_tokens;     /* token budget of one microbatch */
-    int64_t microbatches;         /* microbatches in flight (0 = one per stage) */
+    int64_t microbatches;         /* microbatches in flight (0 = stages + 1) */
     int64_t queue_max;            /* requests waiting for admission before RESOURCE_EXHAUSTED */
     int64_t default_max_tokens;   /* when a request asks for 0 */
     int64_t request_timeout_ms;   /* longest a request may run */

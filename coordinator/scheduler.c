@@ -173,10 +173,10 @@ static pp_status send_microbatch(struct coordinator *co, struct co_microbatch *m
     return st;
 }
 
-/* Forms one microbatch of at most budget tokens, and at most decode_cap decode steps, from the
- * running sequences in list order (decode steps first), and sends it. Returns 0 when nothing was
- * waiting. */
-static int form_one(struct coordinator *co, int32_t budget, int decode_cap)
+/* Forms one microbatch from the running sequences in list order and sends it: first up to
+ * decode_cap decode steps, then prefill chunks up to prefill_budget tokens, the whole within
+ * max_batch_tokens. Returns 0 when nothing was waiting. */
+static int form_one(struct coordinator *co, int decode_cap, int32_t prefill_budget)
 {
     int cap = co->n_running;
     struct co_mb_part *parts = pp_calloc(PP_MEM_MISC, (size_t)cap, sizeof(*parts));
@@ -187,21 +187,25 @@ static int form_one(struct coordinator *co, int32_t budget, int decode_cap)
         return 0;
     }
     int n = 0, n_decode = 0;
-    int32_t used = 0;
-    for (int pass = 0; pass < 2 && used < budget; pass++) {
-        for (struct co_request *r = co->running.next; r != &co->running && used < budget;
-             r = r->next) {
-            int decode = r->n_fed >= r->n_prompt;
-            if (decode != (pass == 0) || pending(r) <= 0 || n >= cap)
-                continue;
-            if (decode && n_decode++ >= decode_cap)
-                continue;
-            int32_t k = pending(r) < budget - used ? pending(r) : budget - used;
-            parts[n].req = r;
-            parts[n].want_logits = r->n_fed + k == r->n_prompt + r->n_gen;
-            counts[n++] = k;
-            used += k;
-        }
+    int32_t used = 0, max = (int32_t)co->cfg.max_batch_tokens;
+    for (struct co_request *r = co->running.next; r != &co->running && used < max; r = r->next) {
+        if (r->n_fed < r->n_prompt || pending(r) <= 0 || n_decode >= decode_cap)
+            continue;
+        parts[n].req = r;
+        parts[n].want_logits = 1;
+        counts[n++] = 1;
+        n_decode++;
+        used++;
+    }
+    int32_t limit = used + prefill_budget < max ? used + prefill_budget : max;
+    for (struct co_request *r = co->running.next; r != &co->running && used < limit; r = r->next) {
+        if (r->n_fed >= r->n_prompt || n >= cap)
+            continue;
+        int32_t k = pending(r) < limit - used ? pending(r) : limit - used;
+        parts[n].req = r;
+        parts[n].want_logits = r->n_fed + k == r->n_prompt + r->n_gen;
+        counts[n++] = k;
+        used += k;
     }
     int sent = 0;
     if (n > 0) {
@@ -211,6 +215,7 @@ static int form_one(struct coordinator *co, int32_t budget, int decode_cap)
         mb->n_parts = n;
         mb->parts = parts;
         mb->n_tokens = used;
+        mb->has_decode = n_decode > 0;
         pp_status st = send_microbatch(co, mb, counts);
         if (st != PP_OK) {
             pp_free(PP_MEM_MISC, parts);
@@ -241,23 +246,41 @@ void co_schedule(struct coordinator *co)
         return;
     admit(co);
     while (co->n_in_flight < co->max_in_flight) {
-        int64_t total = 0;
-        int decoding = 0;
+        int64_t prefill = 0;
+        int decoding = 0, decode_ready = 0;
         for (struct co_request *r = co->running.next; r != &co->running; r = r->next) {
-            total += pending(r) > 0 ? pending(r) : 0;
-            decoding += r->n_fed >= r->n_prompt;
+            if (r->n_fed < r->n_prompt) {
+                prefill += pending(r);
+            } else {
+                decoding++;
+                decode_ready += pending(r) > 0;
+            }
         }
-        if (total == 0)
+        /* decoding sequences spread evenly over P microbatches: a group that once got most of
+         * them would otherwise keep them (a step waits for its group's results), and the pipeline
+         * would run at the pace of its largest group. P groups, not max_in_flight: a decode step
+         * reads every weight once, so fewer, fuller microbatches read less per token; the slots
+         * beyond P serve prefill chunks, which need not wait for results. And no more than P
+         * decode groups in flight: a small group waits to merge with the next one that returns. */
+        int groups = co->max_in_flight < co->n_stages ? co->max_in_flight : co->n_stages;
+        if (groups < 1)
+            groups = 1;
+        int decode_cap = (decoding + groups - 1) / groups;
+        int decode_groups = 0;
+        for (int i = 0; i < co->n_in_flight; i++)
+            decode_groups += co->in_flight[i].has_decode;
+        if (decode_groups >= groups)
+            decode_cap = 0;
+        if (decode_cap > decode_ready)
+            decode_cap = decode_ready;
+        if (prefill == 0 && decode_cap == 0)
             return;
+        /* prompt tokens spread over the free slots, so that every stage gets work at once */
         int64_t free_slots = co->max_in_flight - co->n_in_flight;
-        int64_t budget = (total + free_slots - 1) / free_slots;
-        if (budget > co->cfg.max_batch_tokens)
-            budget = co->cfg.max_batch_tokens;
-        /* decoding sequences spread evenly over the microbatches in flight: a group that once got
-         * most of them would otherwise keep them (a step waits for its group's results), and the
-         * pipeline would run at the pace of its largest group */
-        int decode_cap = (decoding + co->max_in_flight - 1) / co->max_in_flight;
-        if (!form_one(co, (int32_t)budget, decode_cap > 0 ? decode_cap : 1))
+        int64_t prefill_budget = (prefill + free_slots - 1) / free_slots;
+        if (prefill_budget > co->cfg.max_batch_tokens)
+            prefill_budget = co->cfg.max_batch_tokens;
+        if (!form_one(co, decode_cap, (int32_t)prefill_budget))
             return;
     }
 }

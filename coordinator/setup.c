@@ -213,8 +213,9 @@ pp_status co_setup_pipeline(struct coordinator *co)
         }
         co->kv_blocks_reserved = 0;
         co->pipeline_gen++;
-        /* fewer than P in flight leaves stages idle; allowed to measure exactly that */
-        co->max_in_flight = co->cfg.microbatches > 0 ? (int)co->cfg.microbatches : n;
+        /* default P + 1: with only P, a stage waits whenever the next one is slower on one
+         * microbatch; fewer than P leaves stages idle (allowed, to measure exactly that) */
+        co->max_in_flight = co->cfg.microbatches > 0 ? (int)co->cfg.microbatches : n + 1;
     } else if (st == PP_OK) {
         st = pp_error(PP_ERR_UNAVAILABLE, "%s", co->state_reason);
     }
