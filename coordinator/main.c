@@ -17,6 +17,7 @@
 #include "coordinator/coordinator.h"
 #include "model/identity.h"
 #include "model/model.h"
+#include "pipeline/model_path.h"
 
 static volatile int g_signal;
 
@@ -39,52 +40,26 @@ double co_wall_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static enum pp_log_level level_from(const char *s)
-{
-    return strcmp(s, "debug") == 0  ? PP_LOG_DEBUG
-           : strcmp(s, "warn") == 0  ? PP_LOG_WARN
-           : strcmp(s, "error") == 0 ? PP_LOG_ERROR
-                                     : PP_LOG_INFO;
-}
-
-static int64_t weight_bytes(const struct pp_weight *w)
-{
-    return w->data ? w->rows * pp_dtype_row_bytes(w->dtype, w->cols) : 0;
-}
-
 /* The model as the coordinator needs it: path inside model_root, hyper-parameters, identity,
  * tokenizer, and the byte sizes the planner weighs. */
 static pp_status open_model(struct coordinator *co)
 {
-    char root[PATH_MAX], full[PATH_MAX * 2], real[PATH_MAX];
-    if (!realpath(co->cfg.model_root, root))
-        return pp_error(PP_ERR_NOT_FOUND, "key 'model_root': '%s' does not exist",
-                        co->cfg.model_root);
-    snprintf(full, sizeof(full), "%s/%s", root, co->cfg.model);
-    if (!realpath(full, real))
-        return pp_error(PP_ERR_NOT_FOUND, "model '%s' not found under model_root '%s'",
-                        co->cfg.model, root);
-    size_t rl = strlen(root);
-    if (strncmp(real, root, rl) != 0 || (real[rl] != '/' && real[rl] != '\0'))
-        return pp_error(PP_ERR_INVALID_ARG, "model '%s' resolves to %s, outside model_root '%s'",
-                        co->cfg.model, real, root);
+    char real[PATH_MAX];
+    pp_status st = pp_model_path_resolve(co->cfg.model_root, co->cfg.model, real);
+    if (st != PP_OK)
+        return st;
     snprintf(co->model_path, sizeof(co->model_path), "%s", real);
-    pp_status st = pp_model_identity(real, co->model_id);
+    st = pp_model_identity(real, co->model_id);
     if (st != PP_OK)
         return st;
     struct pp_model *m;
     if ((st = pp_model_open(real, 0, -1, &m)) != PP_OK)
         return st;
     co->mcfg = m->cfg;
-    if (m->last_layer > 0) {
-        const struct pp_layer_weights *l = &m->layers[0];
-        const struct pp_weight *ws[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
-                                        &l->w_down};
-        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
-            co->layer_bytes += weight_bytes(ws[i]);
-    }
-    co->first_bytes = weight_bytes(&m->embedding);
-    co->last_bytes = weight_bytes(&m->lm_head);
+    if (m->last_layer > 0)
+        co->layer_bytes = pp_model_layer_bytes(m, 0);
+    co->first_bytes = pp_weight_bytes(&m->embedding);
+    co->last_bytes = pp_weight_bytes(&m->lm_head);
     pp_model_free(m);
     if (pp_tokenizer_open(real, &co->tok) != PP_OK) {
         PP_INFO("no tokenizer (requests must send prompt_ids): %s", pp_error_detail());
@@ -151,7 +126,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "ppserve-coordinator: error: %s\n", pp_error_detail());
         return 2;
     }
-    pp_log_init("coordinator", level_from(co->cfg.log_level));
+    pp_log_init("coordinator", (enum pp_log_level)pp_log_level_parse(co->cfg.log_level));
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));

@@ -236,20 +236,27 @@ void pp_model_free(struct pp_model *m)
     pp_free(PP_MEM_MISC, m);
 }
 
+int64_t pp_weight_bytes(const struct pp_weight *w)
+{
+    return w->data ? w->rows * pp_dtype_row_bytes(w->dtype, w->cols) : 0;
+}
+
+int64_t pp_model_layer_bytes(const struct pp_model *m, int32_t layer)
+{
+    const struct pp_layer_weights *lw = &m->layers[layer - m->first_layer];
+    return pp_weight_bytes(&lw->wq) + pp_weight_bytes(&lw->wk) + pp_weight_bytes(&lw->wv) +
+           pp_weight_bytes(&lw->wo) + pp_weight_bytes(&lw->w_gate) + pp_weight_bytes(&lw->w_up) +
+           pp_weight_bytes(&lw->w_down);
+}
+
 int64_t pp_model_weight_bytes(const struct pp_model *m)
 {
     int64_t total = 0;
-    const struct pp_weight *ws[7];
-    for (int32_t l = 0; l < m->last_layer - m->first_layer; l++) {
-        const struct pp_layer_weights *lw = &m->layers[l];
-        ws[0] = &lw->wq, ws[1] = &lw->wk, ws[2] = &lw->wv, ws[3] = &lw->wo;
-        ws[4] = &lw->w_gate, ws[5] = &lw->w_up, ws[6] = &lw->w_down;
-        for (int i = 0; i < 7; i++)
-            total += ws[i]->rows * pp_dtype_row_bytes(ws[i]->dtype, ws[i]->cols);
-    }
+    for (int32_t l = m->first_layer; l < m->last_layer; l++)
+        total += pp_model_layer_bytes(m, l);
     if (m->has_embedding)
-        total += m->embedding.rows * pp_dtype_row_bytes(m->embedding.dtype, m->embedding.cols);
+        total += pp_weight_bytes(&m->embedding);
     if (m->has_head && !(m->has_embedding && m->lm_head.data == m->embedding.data))
-        total += m->lm_head.rows * pp_dtype_row_bytes(m->lm_head.dtype, m->lm_head.cols);
+        total += pp_weight_bytes(&m->lm_head);
     return total;
 }

@@ -54,5 +54,9 @@ pp_status pp_model_read_config(const char *path, struct pp_model_config *out);
 
 /* Bytes of weights the range uses (as stored). */
 int64_t pp_model_weight_bytes(const struct pp_model *m);
+/* Bytes of one layer's matrices (first_layer <= layer < last_layer), and of one weight (0 when
+ * absent), as stored. */
+int64_t pp_model_layer_bytes(const struct pp_model *m, int32_t layer);
+int64_t pp_weight_bytes(const struct pp_weight *w);
 
 #endif
