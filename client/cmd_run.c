@@ -12,6 +12,7 @@
 #include "model/executor.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "model/shard.h"
 #include "model/tokenizer.h"
 
 struct run_opts {
@@ -22,6 +23,8 @@ struct run_opts {
     struct pp_sampling sampling;
     struct pp_str_list stops;
     int32_t threads;
+    int32_t tp;
+    int32_t ep;
     int32_t ctx;
     const char *dump_logits;
     const char *log_level;
@@ -90,7 +93,7 @@ static void print_json(const struct pp_gen_request *req, const struct pp_gen_res
 }
 
 static int generate(struct run_opts *o, struct pp_model *m, struct pp_tokenizer *tok,
-                    struct pp_backend *be)
+                    struct pp_backend *const *bes)
 {
     int32_t *ids = o->prompt_ids.ids, n_ids = o->prompt_ids.n;
     int32_t *encoded = NULL;
@@ -106,10 +109,11 @@ static int generate(struct run_opts *o, struct pp_model *m, struct pp_tokenizer 
     struct pp_executor_opts eo = {0};
     eo.max_seqs = 1;
     eo.max_context = o->ctx;
+    eo.ep = o->ep;
     struct pp_executor *ex = NULL;
     int rc = 0;
     struct run_out out = {0};
-    if ((st = pp_executor_new(m, be, &eo, &ex)) != PP_OK) {
+    if ((st = pp_executor_new_workers(m, bes, o->tp, &eo, &ex)) != PP_OK) {
         rc = pp_cli_fail("run", st);
         goto done;
     }
@@ -161,6 +165,8 @@ int pp_cmd_run(int argc, char **argv)
     pp_sampling_defaults(&o.sampling);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o.threads = ncpu > 0 ? (int32_t)ncpu : 1;
+    o.tp = 1;
+    o.ep = 0;
     struct pp_arg args[] = {
         {"model", PP_ARG_STRING, &o.model, 0, 0, "GGUF file or HF checkpoint directory (required)"},
         {"prompt", PP_ARG_STRING, &o.prompt, 0, 0, "prompt text (needs the model's tokenizer)"},
@@ -168,6 +174,9 @@ int pp_cmd_run(int argc, char **argv)
         {"max-tokens", PP_ARG_INT, &o.max_tokens, 0, 1 << 24, "tokens to generate (default 64)"},
         PP_SAMPLING_ARGS(&o.sampling, &o.stops, &o.ignore_eos),
         {"threads", PP_ARG_INT, &o.threads, 1, 1024, "compute threads (default: online CPUs)"},
+        {"tp", PP_ARG_INT, &o.tp, 1, 64,
+         "tensor-parallel workers, each with threads/tp threads (default 1; --ep alone sets it)"},
+        {"ep", PP_ARG_INT, &o.ep, 1, 64, "expert groups among the workers (MoE models; divides tp)"},
         {"ctx", PP_ARG_INT, &o.ctx, 1, 1 << 24, "context length (default: the model's)"},
         {"dump-logits", PP_ARG_STRING, &o.dump_logits, 0, 0, "write f32 logits per generated token"},
         {"json", PP_ARG_FLAG, &o.json, 0, 0, "print one JSON line instead of streaming text"},
@@ -194,7 +203,10 @@ int pp_cmd_run(int argc, char **argv)
     pp_log_init("run", (enum pp_log_level)level);
     struct pp_model *m = NULL;
     struct pp_tokenizer *tok = NULL;
-    struct pp_backend *be = NULL;
+    struct pp_backend *bes[64] = {0};
+    int tp_given = pp_args_seen(args, n, "tp");
+    if (o.ep > 0 && !tp_given)
+        o.tp = o.ep; /* --ep E alone: pure expert parallelism over E workers */
     pp_status st = pp_model_open(o.model, 0, -1, &m);
     if (st != PP_OK) {
         rc = pp_cli_fail("run", st);
@@ -209,16 +221,20 @@ int pp_cmd_run(int argc, char **argv)
         PP_INFO("no tokenizer: %s", pp_error_detail());
         tok = NULL;
     }
-    if ((st = pp_backend_cpu_new(o.threads, &be)) != PP_OK) {
+    if ((st = pp_shard_check(&m->cfg, o.tp, o.ep > 0 ? o.ep : 1, o.model)) != PP_OK ||
+        (st = pp_backend_cpu_new_workers(o.threads, o.tp, bes)) != PP_OK) {
         rc = pp_cli_fail("run", st);
         goto done;
     }
-    PP_INFO("model=%s arch=%s layers=%d dim=%d vocab=%d threads=%d", o.model,
-            pp_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.dim, m->cfg.vocab_size, o.threads);
-    rc = generate(&o, m, tok, be);
+    if (o.tp > o.threads)
+        PP_WARN("--tp %d with %d threads: each worker still runs one thread, so %d threads share "
+                "the cores", o.tp, o.threads, o.tp);
+    PP_INFO("model=%s arch=%s layers=%d dim=%d vocab=%d threads=%d tp=%d ep=%d", o.model,
+            pp_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.dim, m->cfg.vocab_size, o.threads,
+            o.tp, o.ep > 0 ? o.ep : 1);
+    rc = generate(&o, m, tok, bes);
 done:
-    if (be)
-        be->ops->free(be);
+    pp_backend_free_all(bes, 64);
     pp_tokenizer_free(tok);
     pp_model_free(m);
     pp_id_list_free(&o.prompt_ids);

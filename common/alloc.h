@@ -7,6 +7,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+
 enum pp_mem_category {
     PP_MEM_MISC = 0,
     PP_MEM_WEIGHTS,     /* weights repacked or converted at load (mmapped weights are not counted) */
@@ -34,5 +39,9 @@ const char *pp_mem_category_name(enum pp_mem_category cat);
 
 /* Makes the nth allocation from now fail (1 = the next one); 0 disables. For tests. */
 void pp_alloc_fail_at(int64_t nth);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

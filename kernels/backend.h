@@ -100,4 +100,11 @@ struct pp_backend {
 /* The CPU backend with n_threads worker threads (>= 1). *out is freed with be->ops->free(be). */
 pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out);
 
+/* n_workers CPU backends (the shards of a tensor-parallel executor) sharing n_threads threads:
+ * worker r gets n_threads / n_workers threads, one more for r < n_threads % n_workers, and at least
+ * one (more workers than threads oversubscribe the cores). out[n_workers] is freed with
+ * pp_backend_free_all; on error nothing is left allocated. */
+pp_status pp_backend_cpu_new_workers(int n_threads, int n_workers, struct pp_backend **out);
+void pp_backend_free_all(struct pp_backend **bes, int n);
+
 #endif

@@ -1,40 +1,83 @@
-/* The forward pass of a layer range. Scratch buffers are sized once for max_batch_tokens rows;
- * larger batches run in windows of rows, which changes nothing in any token's arithmetic. */
+/* The layer-range executor: batch validation, KV bookkeeping, windows of rows, and the workers that
+ * run each window (executor_layer.c). Scratch buffers are sized once for max_batch_tokens rows;
+ * larger batches run in windows, which changes nothing in any token's arithmetic. With W > 1 workers
+ * the window runs on a pool of W threads (the caller is worker 0), one per worker. */
 #include "model/executor.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "common/alloc.h"
-#include "model/kv_cache.h"
-
-struct pp_executor {
-    const struct pp_model *m;
-    struct pp_backend *be;
-    struct pp_kv_cache *kv;
-    int32_t max_rows;
-    int32_t max_context;
-    /* scratch, T = max_rows */
-    float *x;     /* [T, dim] residual stream */
-    float *xb;    /* [T, dim] normalised input / projection output */
-    float *q;     /* [T, n_heads*head_dim] */
-    float *k;     /* [T, n_kv_heads*head_dim] */
-    float *v;     /* [T, n_kv_heads*head_dim] */
-    float *att;   /* [T, n_heads*head_dim] */
-    float *gate;  /* [T, ffn_dim] */
-    float *up;    /* [T, ffn_dim] */
-    int32_t *pos; /* [T] */
-    struct pp_attn_seq *aseqs; /* [T] parts of the current window */
-    int32_t *want_rows;        /* [T] */
-};
+#include "model/executor-impl.h"
 
 static void *scratch(int64_t n, size_t elem)
 {
     return pp_alloc_aligned(PP_MEM_ACTIVATIONS, (size_t)n * elem);
 }
 
+static void worker_free(struct pp_exec_worker *w)
+{
+    float *bufs[] = {w->x, w->xb, w->q, w->k, w->v, w->att, w->gate, w->up, w->logits};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        pp_free(PP_MEM_ACTIVATIONS, bufs[i]);
+    pp_free(PP_MEM_KV, w->kv_pool);
+    pp_shard_free(w->shard);
+}
+
+/* Worker r's shard, KV view and scratch for T rows. */
+static pp_status worker_init(struct pp_executor *ex, struct pp_exec_worker *w, int32_t rank,
+                             struct pp_backend *be)
+{
+    const struct pp_model *m = ex->m;
+    const struct pp_model_config *c = &m->cfg;
+    w->rank = rank;
+    w->be = be;
+    pp_status st = pp_shard_new(m, ex->n_workers, ex->ep, rank, &w->shard);
+    if (st != PP_OK)
+        return st;
+    const struct pp_shard *s = w->shard;
+    w->kv = ex->kv->view;
+    if (rank > 0) {
+        int64_t bytes = (int64_t)ex->kv->n_blocks *
+                        pp_kv_block_bytes(w->kv.n_layers, w->kv.kv_dim, w->kv.block_size);
+        if (!(w->kv_pool = pp_alloc_aligned(PP_MEM_KV, (size_t)bytes)))
+            return pp_error(PP_ERR_NOMEM, "executor: no memory for worker %d's KV (%lld bytes)",
+                            rank, (long long)bytes);
+        w->kv.pool = w->kv_pool;
+    }
+    int64_t T = ex->max_rows, q_dim = (int64_t)s->n_heads * c->head_dim;
+    int64_t kv_dim = (int64_t)s->n_kv_heads * c->head_dim;
+    w->x = scratch(T * c->dim, sizeof(float));
+    w->xb = scratch(T * c->dim, sizeof(float));
+    w->q = scratch(T * q_dim, sizeof(float));
+    w->k = scratch(T * kv_dim, sizeof(float));
+    w->v = scratch(T * kv_dim, sizeof(float));
+    w->att = scratch(T * q_dim, sizeof(float));
+    w->gate = scratch(T * s->ffn_dim, sizeof(float));
+    w->up = scratch(T * s->ffn_dim, sizeof(float));
+    if (ex->n_workers > 1 && m->has_head)
+        w->logits = scratch((int64_t)PP_EXEC_HEAD_ROWS * s->n_vocab, sizeof(float));
+    if (!w->x || !w->xb || !w->q || !w->k || !w->v || !w->att || !w->gate || !w->up ||
+        (ex->n_workers > 1 && m->has_head && !w->logits))
+        return pp_error(PP_ERR_NOMEM, "executor: no memory for worker %d's %lld-row scratch", rank,
+                        (long long)T);
+    int64_t max_cols = c->dim;
+    if (q_dim > max_cols)
+        max_cols = q_dim;
+    if (s->ffn_dim > max_cols)
+        max_cols = s->ffn_dim;
+    return be->ops->reserve(be, max_cols, ex->max_context);
+}
+
 pp_status pp_executor_new(const struct pp_model *m, struct pp_backend *be,
                           const struct pp_executor_opts *opts, struct pp_executor **out)
+{
+    return pp_executor_new_workers(m, &be, 1, opts, out);
+}
+
+pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *const *bes,
+                                  int32_t n_workers, const struct pp_executor_opts *opts,
+                                  struct pp_executor **out)
 {
     const struct pp_model_config *c = &m->cfg;
     struct pp_executor_opts o = *opts;
@@ -46,11 +89,19 @@ pp_status pp_executor_new(const struct pp_model *m, struct pp_backend *be,
         o.max_seqs = 64;
     if (o.max_context <= 0 || o.max_context > c->max_context)
         o.max_context = c->max_context;
+    if (o.ep <= 0)
+        o.ep = 1;
+    pp_status st = pp_shard_check(c, n_workers, o.ep, "model");
+    if (st != PP_OK)
+        return st;
     int32_t n_layers = m->last_layer - m->first_layer;
-    int32_t kv_dim = c->n_kv_heads * c->head_dim;
+    /* every worker holds its KV heads of every block: a block costs W times one worker's share */
+    int32_t kv_heads_each = n_workers <= c->n_kv_heads ? c->n_kv_heads / n_workers : 1;
+    int32_t kv_dim = kv_heads_each * c->head_dim;
+    int64_t block_bytes = pp_kv_block_bytes(n_layers, kv_dim, o.kv_block_size);
     if (o.kv_budget_bytes <= 0) {
         int64_t blocks = (int64_t)o.max_seqs * ((o.max_context + o.kv_block_size - 1) / o.kv_block_size);
-        o.kv_budget_bytes = blocks * pp_kv_block_bytes(n_layers, kv_dim, o.kv_block_size);
+        o.kv_budget_bytes = blocks * block_bytes * n_workers;
         if (o.kv_budget_bytes > ((int64_t)1 << 30))
             o.kv_budget_bytes = (int64_t)1 << 30;
     }
@@ -58,38 +109,27 @@ pp_status pp_executor_new(const struct pp_model *m, struct pp_backend *be,
     if (!ex)
         return PP_ERR_NOMEM;
     ex->m = m;
-    ex->be = be;
     ex->max_rows = o.max_batch_tokens;
     ex->max_context = o.max_context;
-    pp_status st = pp_kv_cache_new(n_layers, kv_dim, o.kv_block_size, o.kv_budget_bytes,
-                                   o.max_seqs, o.max_context, &ex->kv);
-    if (st != PP_OK) {
+    ex->n_workers = n_workers;
+    ex->ep = o.ep;
+    int64_t T = ex->max_rows;
+    if ((st = pp_kv_cache_new(n_layers, kv_dim, o.kv_block_size, o.kv_budget_bytes / n_workers,
+                              o.max_seqs, o.max_context, &ex->kv)) != PP_OK ||
+        !(ex->workers = pp_calloc(PP_MEM_MISC, (size_t)n_workers, sizeof(*ex->workers))) ||
+        !(ex->pos = scratch(T, sizeof(int32_t))) ||
+        !(ex->aseqs = scratch(T, sizeof(struct pp_attn_seq))) ||
+        !(ex->want_rows = scratch(T, sizeof(int32_t)))) {
         pp_executor_free(ex);
-        return st;
+        return st != PP_OK ? st : PP_ERR_NOMEM;
     }
-    int64_t T = ex->max_rows, q_dim = (int64_t)c->n_heads * c->head_dim;
-    ex->x = scratch(T * c->dim, sizeof(float));
-    ex->xb = scratch(T * c->dim, sizeof(float));
-    ex->q = scratch(T * q_dim, sizeof(float));
-    ex->k = scratch(T * kv_dim, sizeof(float));
-    ex->v = scratch(T * kv_dim, sizeof(float));
-    ex->att = scratch(T * q_dim, sizeof(float));
-    ex->gate = scratch(T * c->ffn_dim, sizeof(float));
-    ex->up = scratch(T * c->ffn_dim, sizeof(float));
-    ex->pos = scratch(T, sizeof(int32_t));
-    ex->aseqs = scratch(T, sizeof(struct pp_attn_seq));
-    ex->want_rows = scratch(T, sizeof(int32_t));
-    if (!ex->x || !ex->xb || !ex->q || !ex->k || !ex->v || !ex->att || !ex->gate || !ex->up ||
-        !ex->pos || !ex->aseqs || !ex->want_rows) {
-        pp_executor_free(ex);
-        return pp_error(PP_ERR_NOMEM, "executor: no memory for %lld-row scratch", (long long)T);
-    }
-    int64_t max_cols = c->dim;
-    if (q_dim > max_cols)
-        max_cols = q_dim;
-    if (c->ffn_dim > max_cols)
-        max_cols = c->ffn_dim;
-    if ((st = be->ops->reserve(be, max_cols, o.max_context)) != PP_OK) {
+    for (int32_t r = 0; r < n_workers; r++)
+        if ((st = worker_init(ex, &ex->workers[r], r, bes[r])) != PP_OK) {
+            pp_executor_free(ex);
+            return st;
+        }
+    if (n_workers > 1 && ((st = pp_comm_cpu_new(n_workers, &ex->comm)) != PP_OK ||
+                          (st = pp_threadpool_new(n_workers, &ex->pool)) != PP_OK)) {
         pp_executor_free(ex);
         return st;
     }
@@ -101,10 +141,13 @@ void pp_executor_free(struct pp_executor *ex)
 {
     if (!ex)
         return;
+    pp_threadpool_free(ex->pool);
+    pp_comm_free(ex->comm);
+    if (ex->workers)
+        for (int32_t r = 0; r < ex->n_workers; r++)
+            worker_free(&ex->workers[r]);
+    pp_free(PP_MEM_MISC, ex->workers);
     pp_kv_cache_free(ex->kv);
-    float *bufs[] = {ex->x, ex->xb, ex->q, ex->k, ex->v, ex->att, ex->gate, ex->up};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        pp_free(PP_MEM_ACTIVATIONS, bufs[i]);
     pp_free(PP_MEM_ACTIVATIONS, ex->pos);
     pp_free(PP_MEM_ACTIVATIONS, ex->aseqs);
     pp_free(PP_MEM_ACTIVATIONS, ex->want_rows);
@@ -170,51 +213,19 @@ static pp_status validate(struct pp_executor *ex, const struct pp_exec_batch *b,
     return PP_OK;
 }
 
-static void run_layer(struct pp_executor *ex, const struct pp_layer_weights *lw, int32_t layer,
-                      int64_t T, int32_t n_parts)
+static void worker_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
-    const struct pp_model_config *c = &ex->m->cfg;
-    struct pp_backend *be = ex->be;
-    const struct pp_backend_ops *op = be->ops;
-    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-
-    op->rmsnorm(be, ex->xb, ex->x, lw->attn_norm, T, c->dim, c->norm_eps);
-    op->matmul(be, ex->q, ex->xb, &lw->wq, T);
-    op->matmul(be, ex->k, ex->xb, &lw->wk, T);
-    op->matmul(be, ex->v, ex->xb, &lw->wv, T);
-    if (lw->bq)
-        op->add_bias(be, ex->q, lw->bq, T, q_dim);
-    if (lw->bk)
-        op->add_bias(be, ex->k, lw->bk, T, kv_dim);
-    if (lw->bv)
-        op->add_bias(be, ex->v, lw->bv, T, kv_dim);
-    op->rope(be, ex->q, ex->pos, T, c->n_heads, c->head_dim, ex->m->inv_freq, c->rope_layout);
-    op->rope(be, ex->k, ex->pos, T, c->n_kv_heads, c->head_dim, ex->m->inv_freq, c->rope_layout);
-    op->kv_store(be, &ex->kv->view, layer, ex->aseqs, n_parts, ex->k, ex->v);
-    struct pp_attn_shape shape = {c->n_heads, c->n_kv_heads, c->head_dim, c->sliding_window,
-                                  1.0f / sqrtf((float)c->head_dim)};
-    op->attention(be, ex->att, ex->q, &ex->kv->view, layer, ex->aseqs, n_parts, &shape);
-    op->matmul(be, ex->xb, ex->att, &lw->wo, T);
-    op->add(be, ex->x, ex->xb, T * c->dim);
-
-    op->rmsnorm(be, ex->xb, ex->x, lw->ffn_norm, T, c->dim, c->norm_eps);
-    op->matmul(be, ex->gate, ex->xb, &lw->w_gate, T);
-    op->matmul(be, ex->up, ex->xb, &lw->w_up, T);
-    op->swiglu(be, ex->gate, ex->gate, ex->up, T * c->ffn_dim);
-    op->matmul(be, ex->xb, ex->gate, &lw->w_down, T);
-    op->add(be, ex->x, ex->xb, T * c->dim);
+    struct pp_executor *ex = ctx;
+    for (int64_t r = begin; r < end; r++)
+        pp__exec_worker_run(ex, &ex->workers[r]);
 }
 
-/* Runs rows [r0, r0 + T) of the batch through every layer of the range. `parts` holds, for each
- * window part, the sequence's KV entry. logit_index counts the logit rows written so far. */
-static void run_window(struct pp_executor *ex, const struct pp_exec_batch *b,
-                       struct pp_kv_seq **kvs, int64_t r0, int64_t T, float *hidden_out,
-                       float *logits_out, int64_t *logit_index)
+/* Runs rows [r0, r0 + T) of the batch through every layer of the range on every worker. kvs holds
+ * each batch sequence's KV entry. logit_index counts the logit rows written so far. */
+static pp_status run_window(struct pp_executor *ex, const struct pp_exec_batch *b,
+                            struct pp_kv_seq **kvs, int64_t r0, int64_t T, float *hidden_out,
+                            float *logits_out, int64_t *logit_index)
 {
-    const struct pp_model *m = ex->m;
-    const struct pp_model_config *c = &m->cfg;
-    struct pp_backend *be = ex->be;
-
     /* the parts of the batch's sequences that fall inside this window */
     int32_t n_parts = 0, n_want = 0;
     int64_t row = 0;
@@ -235,34 +246,28 @@ static void run_window(struct pp_executor *ex, const struct pp_exec_batch *b,
         if (s->want_logits && z == s1)
             ex->want_rows[n_want++] = (int32_t)(z - 1 - r0);
     }
-
-    if (m->has_embedding)
-        be->ops->embed(be, ex->x, &m->embedding, b->tokens + r0, T);
+    ex->batch = b;
+    ex->r0 = r0;
+    ex->rows = T;
+    ex->n_parts = n_parts;
+    ex->n_want = n_want;
+    ex->hidden_out = hidden_out;
+    ex->logits_out = logits_out ? logits_out + *logit_index * ex->m->cfg.vocab_size : NULL;
+    if (ex->n_workers == 1)
+        pp__exec_worker_run(ex, &ex->workers[0]);
     else
-        memcpy(ex->x, b->hidden + r0 * c->dim, (size_t)(T * c->dim) * sizeof(float));
-
-    for (int32_t l = 0; l < m->last_layer - m->first_layer; l++)
-        run_layer(ex, &m->layers[l], l, T, n_parts);
-
-    if (!m->has_head) {
-        memcpy(hidden_out + r0 * c->dim, ex->x, (size_t)(T * c->dim) * sizeof(float));
-        return;
-    }
-    if (n_want == 0)
-        return;
-    /* gather the rows that want logits, normalise them, project to the vocabulary */
-    for (int32_t i = 0; i < n_want; i++)
-        memcpy(ex->xb + (int64_t)i * c->dim, ex->x + (int64_t)ex->want_rows[i] * c->dim,
-               (size_t)c->dim * sizeof(float));
-    be->ops->rmsnorm(be, ex->xb, ex->xb, m->final_norm, n_want, c->dim, c->norm_eps);
-    be->ops->matmul(be, logits_out + *logit_index * c->vocab_size, ex->xb, &m->lm_head, n_want);
+        pp_threadpool_run(ex->pool, worker_task, ex, ex->n_workers, 1);
     *logit_index += n_want;
+    for (int32_t r = 0; r < ex->n_workers; r++)
+        if (ex->workers[r].status != PP_OK)
+            return ex->workers[r].status;
+    return PP_OK;
 }
 
 pp_status pp_executor_forward(struct pp_executor *ex, const struct pp_exec_batch *b,
                               float *hidden_out, float *logits_out)
 {
-    int64_t n_tokens;
+    int64_t n_tokens = 0;
     pp_status st = validate(ex, b, &n_tokens);
     if (st != PP_OK)
         return st;
@@ -282,15 +287,15 @@ pp_status pp_executor_forward(struct pp_executor *ex, const struct pp_exec_batch
         pp_kv_cache_reserve(ex->kv, kvs[i], s->pos + s->n_tokens);
     }
     int64_t logit_index = 0;
-    for (int64_t r0 = 0; r0 < n_tokens; r0 += ex->max_rows) {
+    for (int64_t r0 = 0; r0 < n_tokens && st == PP_OK; r0 += ex->max_rows) {
         int64_t T = n_tokens - r0 < ex->max_rows ? n_tokens - r0 : ex->max_rows;
-        run_window(ex, b, kvs, r0, T, hidden_out, logits_out, &logit_index);
+        st = run_window(ex, b, kvs, r0, T, hidden_out, logits_out, &logit_index);
     }
     for (int32_t i = 0; i < b->n_seqs; i++)
         kvs[i]->len = b->seqs[i].pos + b->seqs[i].n_tokens;
     if (kvs != kvs_stack)
         pp_free(PP_MEM_MISC, kvs);
-    return PP_OK;
+    return st;
 }
 
 int pp_executor_release(struct pp_executor *ex, uint64_t id)
@@ -317,4 +322,14 @@ int32_t pp_executor_max_context(const struct pp_executor *ex)
 const struct pp_model *pp_executor_model(const struct pp_executor *ex)
 {
     return ex->m;
+}
+
+int32_t pp_executor_workers(const struct pp_executor *ex)
+{
+    return ex->n_workers;
+}
+
+int64_t pp_executor_bytes_reduced(const struct pp_executor *ex)
+{
+    return ex->comm ? ex->comm->bytes_reduced : 0;
 }

@@ -22,6 +22,7 @@ struct pp_executor_opts {
     int32_t kv_block_size;    /* tokens per KV block (default 16) */
     int32_t max_seqs;         /* sequences alive at once (default 64) */
     int32_t max_context;      /* 0: the model's context length */
+    int32_t ep;               /* expert groups among the workers (MoE models); 0 or 1: one */
 };
 
 /* One sequence's part of a batch. Its tokens follow those of the previous part in the batch. */
@@ -44,6 +45,17 @@ struct pp_executor;
 /* Builds an executor over m and be (neither owned; both must outlive it). */
 pp_status pp_executor_new(const struct pp_model *m, struct pp_backend *be,
                           const struct pp_executor_opts *opts, struct pp_executor **out);
+
+/* Builds a tensor-parallel executor: n_workers (W, the TP degree) workers, worker r computing on
+ * bes[r] (not owned; a CPU backend per worker with its share of the cores, or one per GPU), each
+ * holding its share of the weights (model/shard.h) and of the KV heads, joined by a communicator.
+ * W = 1 is exactly pp_executor_new. Refuses degrees the model cannot split (pp_shard_check).
+ *
+ * With W > 1 a token's logits agree with W = 1 to rounding (the all-reduce adds W partial sums) and
+ * are still bit-identical run to run, whatever the batch and the thread counts. */
+pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *const *bes,
+                                  int32_t n_workers, const struct pp_executor_opts *opts,
+                                  struct pp_executor **out);
 void pp_executor_free(struct pp_executor *ex);
 
 /* Runs the batch. On a middle or first range, hidden_out receives [n_tokens, dim]; on the last
@@ -64,5 +76,9 @@ int32_t pp_executor_seq_len(struct pp_executor *ex, uint64_t id);
 const struct pp_kv_cache *pp_executor_kv(const struct pp_executor *ex);
 int32_t pp_executor_max_context(const struct pp_executor *ex);
 const struct pp_model *pp_executor_model(const struct pp_executor *ex);
+int32_t pp_executor_workers(const struct pp_executor *ex);
+
+/* Bytes each worker has contributed to all-reduces since creation (0 with one worker). */
+int64_t pp_executor_bytes_reduced(const struct pp_executor *ex);
 
 #endif

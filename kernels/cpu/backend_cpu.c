@@ -87,3 +87,30 @@ pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out)
     *out = be;
     return PP_OK;
 }
+
+pp_status pp_backend_cpu_new_workers(int n_threads, int n_workers, struct pp_backend **out)
+{
+    if (n_workers < 1 || n_threads < 1)
+        return pp_error(PP_ERR_INVALID_ARG, "cpu workers: expected >= 1 threads and workers, got "
+                        "%d threads for %d workers", n_threads, n_workers);
+    for (int r = 0; r < n_workers; r++)
+        out[r] = NULL;
+    for (int r = 0; r < n_workers; r++) {
+        int t = n_threads / n_workers + (r < n_threads % n_workers ? 1 : 0);
+        pp_status st = pp_backend_cpu_new(t > 0 ? t : 1, &out[r]);
+        if (st != PP_OK) {
+            pp_backend_free_all(out, n_workers);
+            return st;
+        }
+    }
+    return PP_OK;
+}
+
+void pp_backend_free_all(struct pp_backend **bes, int n)
+{
+    for (int r = 0; r < n; r++)
+        if (bes[r]) {
+            bes[r]->ops->free(bes[r]);
+            bes[r] = NULL;
+        }
+}

@@ -1,0 +1,63 @@
+/* Internals of the layer-range executor shared by executor.c (API, validation, windows, workers)
+ * and executor_layer.c (one worker's pass over a window). */
+#ifndef PP_EXECUTOR_IMPL_H
+#define PP_EXECUTOR_IMPL_H
+
+#include "kernels/comm/comm.h"
+#include "kernels/cpu/threadpool.h"
+#include "model/executor.h"
+#include "model/kv_cache.h"
+#include "model/shard.h"
+
+/* Rows of the LM head computed per pass on a sharded head: bounds the local logits scratch. */
+#define PP_EXEC_HEAD_ROWS 32
+
+/* One worker (one device, or one CPU shard): its backend, its share of the weights, its KV heads
+ * and its scratch. Worker r's thread is the only one that touches it during a window. */
+struct pp_exec_worker {
+    int32_t rank;
+    struct pp_backend *be;  /* not owned */
+    struct pp_shard *shard;
+    struct pp_kv_view kv;   /* this worker's KV heads; the cache's block tables index it */
+    float *kv_pool;         /* owned pool of ranks > 0 (rank 0 uses the cache's) */
+    /* scratch, T = max_rows; h = shard->n_heads, kvh = shard->n_kv_heads, f = shard->ffn_dim */
+    float *x;      /* [T, dim] residual stream (every worker holds the whole of it) */
+    float *xb;     /* [T, dim] normalised input / projection output */
+    float *q;      /* [T, h*head_dim] */
+    float *k;      /* [T, kvh*head_dim] */
+    float *v;      /* [T, kvh*head_dim] */
+    float *att;    /* [T, h*head_dim] */
+    float *gate;   /* [T, f] */
+    float *up;     /* [T, f] */
+    float *logits; /* [PP_EXEC_HEAD_ROWS, shard->n_vocab]; sharded head only */
+    pp_status status; /* the first collective that failed in this window */
+};
+
+struct pp_executor {
+    const struct pp_model *m;
+    struct pp_kv_cache *kv; /* block tables and rank 0's pool */
+    int32_t max_rows;
+    int32_t max_context;
+    int32_t n_workers;      /* W, the TP degree */
+    int32_t ep;             /* expert groups */
+    struct pp_exec_worker *workers; /* [n_workers] */
+    struct pp_comm *comm;           /* W > 1 */
+    struct pp_threadpool *pool;     /* W > 1: one thread per worker (the caller is worker 0) */
+    /* the window being run: written by the caller before the workers start, read-only after */
+    const struct pp_exec_batch *batch;
+    int64_t r0;                /* first batch row of the window */
+    int64_t rows;              /* rows in the window */
+    int32_t n_parts;
+    int32_t n_want;
+    float *hidden_out;         /* [n_tokens, dim] or NULL */
+    float *logits_out;         /* [n_want in this window, vocab] or NULL */
+    int32_t *pos;              /* [T] */
+    struct pp_attn_seq *aseqs; /* [T] parts of the current window */
+    int32_t *want_rows;        /* [T] */
+};
+
+/* Worker w's pass over the current window: embedding (first range) or the hidden input, every
+ * layer of the range, then the hidden output (rank 0) or its vocabulary slice of the logits. */
+void pp__exec_worker_run(struct pp_executor *ex, struct pp_exec_worker *w);
+
+#endif
