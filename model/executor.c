@@ -7,6 +7,7 @@
 
 #include "common/alloc.h"
 #include "model/kv_cache.h"
+#include "model/moe_ffn.h"
 
 struct pp_executor {
     const struct pp_model *m;
@@ -26,6 +27,10 @@ struct pp_executor {
     int32_t *pos; /* [T] */
     struct pp_attn_seq *aseqs; /* [T] parts of the current window */
     int32_t *want_rows;        /* [T] */
+    /* MoE models only (NULL otherwise) */
+    struct pp_moe_scratch *moe;
+    float *moe_out;            /* [T, dim] */
+    int64_t *expert_tokens;    /* [n_layers of the range, n_experts] tokens routed, all forwards */
 };
 
 static void *scratch(int64_t n, size_t elem)
@@ -89,6 +94,21 @@ pp_status pp_executor_new(const struct pp_model *m, struct pp_backend *be,
         max_cols = q_dim;
     if (c->ffn_dim > max_cols)
         max_cols = c->ffn_dim;
+    if (c->n_experts > 0) {
+        max_cols = c->expert_ffn_dim > max_cols ? c->expert_ffn_dim : max_cols;
+        max_cols = c->shared_ffn_dim > max_cols ? c->shared_ffn_dim : max_cols;
+        ex->moe_out = scratch(T * c->dim, sizeof(float));
+        ex->expert_tokens = pp_calloc(PP_MEM_MISC, (size_t)n_layers * (size_t)c->n_experts,
+                                      sizeof(int64_t));
+        if (!ex->moe_out || !ex->expert_tokens)
+            st = pp_error(PP_ERR_NOMEM, "executor: no memory for the MoE buffers");
+        else
+            st = pp_moe_scratch_new(c, T, 0, &ex->moe);
+        if (st != PP_OK) {
+            pp_executor_free(ex);
+            return st;
+        }
+    }
     if ((st = be->ops->reserve(be, max_cols, o.max_context)) != PP_OK) {
         pp_executor_free(ex);
         return st;
@@ -108,6 +128,9 @@ void pp_executor_free(struct pp_executor *ex)
     pp_free(PP_MEM_ACTIVATIONS, ex->pos);
     pp_free(PP_MEM_ACTIVATIONS, ex->aseqs);
     pp_free(PP_MEM_ACTIVATIONS, ex->want_rows);
+    pp_moe_scratch_free(ex->moe);
+    pp_free(PP_MEM_ACTIVATIONS, ex->moe_out);
+    pp_free(PP_MEM_MISC, ex->expert_tokens);
     pp_free(PP_MEM_MISC, ex);
 }
 
@@ -198,6 +221,12 @@ static void run_layer(struct pp_executor *ex, const struct pp_layer_weights *lw,
     op->add(be, ex->x, ex->xb, T * c->dim);
 
     op->rmsnorm(be, ex->xb, ex->x, lw->ffn_norm, T, c->dim, c->norm_eps);
+    if (lw->moe) {
+        pp_moe_ffn(be, c, lw->moe, ex->xb, T, ex->moe_out, ex->moe,
+                   ex->expert_tokens + (int64_t)layer * c->n_experts);
+        op->add(be, ex->x, ex->moe_out, T * c->dim);
+        return;
+    }
     op->matmul(be, ex->gate, ex->xb, &lw->w_gate, T);
     op->matmul(be, ex->up, ex->xb, &lw->w_up, T);
     op->swiglu(be, ex->gate, ex->gate, ex->up, T * c->ffn_dim);
@@ -317,4 +346,13 @@ int32_t pp_executor_max_context(const struct pp_executor *ex)
 const struct pp_model *pp_executor_model(const struct pp_executor *ex)
 {
     return ex->m;
+}
+
+const int64_t *pp_executor_expert_tokens(const struct pp_executor *ex, int32_t layer)
+{
+    const struct pp_model *m = ex->m;
+    if (!ex->expert_tokens || layer < 0 || layer >= m->last_layer - m->first_layer ||
+        !m->layers[layer].moe)
+        return NULL;
+    return ex->expert_tokens + (int64_t)layer * m->cfg.n_experts;
 }

@@ -65,4 +65,10 @@ const struct pp_kv_cache *pp_executor_kv(const struct pp_executor *ex);
 int32_t pp_executor_max_context(const struct pp_executor *ex);
 const struct pp_model *pp_executor_model(const struct pp_executor *ex);
 
+/* Tokens routed to each expert of a MoE layer ([n_experts], counted over every forward since the
+ * executor was made, for every expert whether held here or not); layer is relative to the range
+ * (0 = first_layer). NULL for a dense layer or a layer outside the range. Valid until
+ * pp_executor_free; changed by pp_executor_forward. */
+const int64_t *pp_executor_expert_tokens(const struct pp_executor *ex, int32_t layer);
+
 #endif
