@@ -60,6 +60,13 @@ int pp_cmd_inspect(int argc, char **argv)
         pp_json_key(&j, "rope_theta"), pp_json_double(&j, c.rope_theta);
         pp_json_key(&j, "rope_llama3"), pp_json_bool(&j, c.rope_scaling.llama3);
         pp_json_key(&j, "tied_embeddings"), pp_json_bool(&j, c.tied_embeddings);
+        pp_json_key(&j, "experts"), pp_json_int(&j, c.n_experts);
+        if (c.n_experts > 0) {
+            pp_json_key(&j, "experts_used"), pp_json_int(&j, c.n_experts_used);
+            pp_json_key(&j, "expert_ffn"), pp_json_int(&j, c.expert_ffn_dim);
+            pp_json_key(&j, "shared_ffn"), pp_json_int(&j, c.shared_ffn_dim);
+            pp_json_key(&j, "norm_topk_prob"), pp_json_bool(&j, c.norm_topk_prob);
+        }
         pp_json_key(&j, "tokenizer");
         if (tok_kind)
             pp_json_cstring(&j, tok_kind);
@@ -78,6 +85,13 @@ int pp_cmd_inspect(int argc, char **argv)
         printf("  rope        %s, theta %g%s\n", rope, c.rope_theta,
                c.rope_scaling.llama3 ? ", llama3 scaling" : "");
         printf("  embeddings  %s\n", c.tied_embeddings ? "tied to the LM head" : "separate LM head");
+        if (c.n_experts > 0)
+            printf("  experts     %d, %d per token (%s), expert ffn %d, shared expert ffn %d\n",
+                   c.n_experts, c.n_experts_used,
+                   c.moe_gating == PP_MOE_TOPK_SOFTMAX ? "softmax over the top-k"
+                   : c.norm_topk_prob                  ? "top-k of softmax, renormalised"
+                                                       : "top-k of softmax",
+                   c.expert_ffn_dim, c.shared_ffn_dim);
         printf("  tokenizer   %s\n", tok_kind ? tok_kind : "none (runs from token ids)");
     }
     pp_tokenizer_free(tok);

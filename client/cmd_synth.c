@@ -20,8 +20,9 @@ int pp_cmd_synth(int argc, char **argv)
     struct pp_synth_spec sz = {0};
     struct pp_arg args[] = {
         {"out", PP_ARG_STRING, &out, 0, 0, "output folder (required)"},
-        {"shape", PP_ARG_STRING, &shape, 0, 0, "tinyllama | demo | tiny | llama3-8b"},
-        {"arch", PP_ARG_STRING, &arch, 0, 0, "llama | mistral | qwen2 (default llama)"},
+        {"shape", PP_ARG_STRING, &shape, 0, 0, "tinyllama | demo | tiny | llama3-8b | tiny-moe"},
+        {"arch", PP_ARG_STRING, &arch, 0, 0,
+         "llama | mistral | qwen2 | mixtral | qwen2moe (default llama)"},
         {"dim", PP_ARG_INT, &sz.dim, 1, 1 << 16, "hidden size"},
         {"layers", PP_ARG_INT, &sz.n_layers, 1, 1024, "layer count"},
         {"heads", PP_ARG_INT, &sz.n_heads, 1, 1024, "attention heads"},
@@ -40,6 +41,14 @@ int pp_cmd_synth(int argc, char **argv)
         {"norm-eps", PP_ARG_FLOAT, &sz.norm_eps, 1e-12, 0.1, "RMSNorm epsilon (default 1e-5, qwen2 1e-6)"},
         {"sliding-window", PP_ARG_INT, &sz.sliding_window, 0, 1 << 24, "mistral sliding window"},
         {"shards", PP_ARG_INT, &sz.shards, 1, 1000, "HF safetensors shards (default 1)"},
+        {"experts", PP_ARG_INT, &sz.n_experts, 1, 1024, "MoE experts (mixtral, qwen2moe)"},
+        {"experts-used", PP_ARG_INT, &sz.n_experts_used, 1, 1024, "MoE experts per token (top-k)"},
+        {"expert-ffn", PP_ARG_INT, &sz.expert_ffn_dim, 1, 1 << 20,
+         "expert FFN size (default --ffn; mixtral: must be --ffn)"},
+        {"shared-ffn", PP_ARG_INT, &sz.shared_ffn_dim, 1, 1 << 20,
+         "qwen2moe shared expert FFN size (default --ffn)"},
+        {"norm-topk", PP_ARG_INT, &sz.norm_topk_prob, 0, 1,
+         "qwen2moe: renormalise the top-k weights (default 0)"},
         {"tokenizer", PP_ARG_STRING, &tokenizer, 0, 0,
          "spm | bpe (byte-level, Llama 3 style) (default spm)"},
         {"help", PP_ARG_FLAG, &help, 0, 0, "show this help"},
@@ -80,6 +89,11 @@ int pp_cmd_synth(int argc, char **argv)
     OVERRIDE(norm_eps, "norm-eps")
     OVERRIDE(sliding_window, "sliding-window")
     OVERRIDE(shards, "shards")
+    OVERRIDE(n_experts, "experts")
+    OVERRIDE(n_experts_used, "experts-used")
+    OVERRIDE(expert_ffn_dim, "expert-ffn")
+    OVERRIDE(shared_ffn_dim, "shared-ffn")
+    OVERRIDE(norm_topk_prob, "norm-topk")
 #undef OVERRIDE
     if (pp_args_seen(args, n, "seed"))
         s.seed = seed;

@@ -7,6 +7,7 @@
 #include "kernels/cpu/threadpool.h"
 #include "model/executor.h"
 #include "model/kv_cache.h"
+#include "model/moe_ffn.h"
 #include "model/shard.h"
 
 /* Rows of the LM head computed per pass on a sharded head: bounds the local logits scratch. */
@@ -30,6 +31,8 @@ struct pp_exec_worker {
     float *gate;   /* [T, f] */
     float *up;     /* [T, f] */
     float *logits; /* [PP_EXEC_HEAD_ROWS, shard->n_vocab]; sharded head only */
+    struct pp_moe_scratch *moe; /* MoE models: routing and expert buffers */
+    float *moe_out;             /* [T, dim] MoE models: this worker's part of the FFN output */
     pp_status status; /* the first collective that failed in this window */
 };
 
@@ -43,6 +46,8 @@ struct pp_executor {
     struct pp_exec_worker *workers; /* [n_workers] */
     struct pp_comm *comm;           /* W > 1 */
     struct pp_threadpool *pool;     /* W > 1: one thread per worker (the caller is worker 0) */
+    int64_t *expert_tokens; /* [layers of the range, n_experts] MoE: tokens routed, counted by
+                               worker 0 (every worker routes alike) over every forward */
     /* the window being run: written by the caller before the workers start, read-only after */
     const struct pp_exec_batch *batch;
     int64_t r0;                /* first batch row of the window */

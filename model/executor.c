@@ -21,6 +21,8 @@ static void worker_free(struct pp_exec_worker *w)
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         pp_free(PP_MEM_ACTIVATIONS, bufs[i]);
     pp_free(PP_MEM_KV, w->kv_pool);
+    pp_moe_scratch_free(w->moe);
+    pp_free(PP_MEM_ACTIVATIONS, w->moe_out);
     pp_shard_free(w->shard);
 }
 
@@ -61,11 +63,19 @@ static pp_status worker_init(struct pp_executor *ex, struct pp_exec_worker *w, i
         (ex->n_workers > 1 && m->has_head && !w->logits))
         return pp_error(PP_ERR_NOMEM, "executor: no memory for worker %d's %lld-row scratch", rank,
                         (long long)T);
+    if (c->n_experts > 0) {
+        if (!(w->moe_out = scratch(T * c->dim, sizeof(float))))
+            return pp_error(PP_ERR_NOMEM, "executor: no memory for worker %d's MoE output", rank);
+        if ((st = pp_moe_scratch_new(c, T, s->moe_ffn_rows, &w->moe)) != PP_OK)
+            return st;
+    }
     int64_t max_cols = c->dim;
     if (q_dim > max_cols)
         max_cols = q_dim;
     if (s->ffn_dim > max_cols)
         max_cols = s->ffn_dim;
+    if (s->moe_ffn_rows > max_cols)
+        max_cols = s->moe_ffn_rows;
     return be->ops->reserve(be, max_cols, ex->max_context);
 }
 
@@ -119,7 +129,10 @@ pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *c
         !(ex->workers = pp_calloc(PP_MEM_MISC, (size_t)n_workers, sizeof(*ex->workers))) ||
         !(ex->pos = scratch(T, sizeof(int32_t))) ||
         !(ex->aseqs = scratch(T, sizeof(struct pp_attn_seq))) ||
-        !(ex->want_rows = scratch(T, sizeof(int32_t)))) {
+        !(ex->want_rows = scratch(T, sizeof(int32_t))) ||
+        (c->n_experts > 0 &&
+         !(ex->expert_tokens = pp_calloc(PP_MEM_MISC, (size_t)n_layers * (size_t)c->n_experts,
+                                         sizeof(int64_t))))) {
         pp_executor_free(ex);
         return st != PP_OK ? st : PP_ERR_NOMEM;
     }
@@ -151,6 +164,7 @@ void pp_executor_free(struct pp_executor *ex)
     pp_free(PP_MEM_ACTIVATIONS, ex->pos);
     pp_free(PP_MEM_ACTIVATIONS, ex->aseqs);
     pp_free(PP_MEM_ACTIVATIONS, ex->want_rows);
+    pp_free(PP_MEM_MISC, ex->expert_tokens);
     pp_free(PP_MEM_MISC, ex);
 }
 
@@ -332,4 +346,21 @@ int32_t pp_executor_workers(const struct pp_executor *ex)
 int64_t pp_executor_bytes_reduced(const struct pp_executor *ex)
 {
     return ex->comm ? ex->comm->bytes_reduced : 0;
+}
+
+const int64_t *pp_executor_expert_tokens(const struct pp_executor *ex, int32_t layer)
+{
+    const struct pp_model *m = ex->m;
+    if (!ex->expert_tokens || layer < 0 || layer >= m->last_layer - m->first_layer ||
+        !m->layers[layer].moe)
+        return NULL;
+    return ex->expert_tokens + (int64_t)layer * m->cfg.n_experts;
+}
+
+void pp_executor_worker_experts(const struct pp_executor *ex, int32_t rank, int32_t *first,
+                                int32_t *n)
+{
+    const struct pp_shard *s = ex->workers[rank].shard;
+    *first = s->expert0;
+    *n = s->n_experts;
 }

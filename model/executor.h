@@ -81,4 +81,16 @@ int32_t pp_executor_workers(const struct pp_executor *ex);
 /* Bytes each worker has contributed to all-reduces since creation (0 with one worker). */
 int64_t pp_executor_bytes_reduced(const struct pp_executor *ex);
 
+/* Tokens routed to each expert of a MoE layer ([n_experts], counted over every forward since the
+ * executor was made, for every expert whether held here or not); layer is relative to the range
+ * (0 = first_layer). NULL for a dense layer or a layer outside the range. Valid until
+ * pp_executor_free; changed by pp_executor_forward. */
+const int64_t *pp_executor_expert_tokens(const struct pp_executor *ex, int32_t layer);
+
+/* The experts worker rank (0..W-1) holds: [*first, *first + *n) (0 experts on a dense model). With
+ * expert parallelism the tokens a worker computes in a layer are the sum of expert_tokens over its
+ * experts. */
+void pp_executor_worker_experts(const struct pp_executor *ex, int32_t rank, int32_t *first,
+                                int32_t *n);
+
 #endif

@@ -48,6 +48,13 @@ static void run_layer(struct pp_executor *ex, struct pp_exec_worker *w,
     op->add(be, w->x, w->xb, T * c->dim);
 
     op->rmsnorm(be, w->xb, w->x, lw->ffn_norm, T, c->dim, c->norm_eps);
+    if (lw->moe) {
+        int64_t *counts = w->rank == 0 ? ex->expert_tokens + (int64_t)layer * c->n_experts : NULL;
+        pp_moe_ffn(be, c, lw->moe, w->xb, T, w->moe_out, w->moe, counts);
+        all_reduce(ex, w, w->moe_out, T * c->dim);
+        op->add(be, w->x, w->moe_out, T * c->dim);
+        return;
+    }
     op->matmul(be, w->gate, w->xb, &lw->w_gate, T);
     op->matmul(be, w->up, w->xb, &lw->w_up, T);
     op->swiglu(be, w->gate, w->gate, w->up, T * s->ffn_dim);

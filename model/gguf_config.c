@@ -1,6 +1,6 @@
 /* Model hyper-parameters from GGUF metadata. The key prefix is the architecture name; the RoPE
- * layout follows from the architecture: the converter permuted q/k rows for `llama`, not for
- * `qwen2`. */
+ * layout follows from the architecture: the converter permuted q/k rows for `llama` (Mixtral is
+ * `llama` with `llama.expert_count`), not for `qwen2` and `qwen2moe`. */
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +34,36 @@ static pp_status arch_key_f32(const struct pp_gguf *g, const char *arch, const c
     return st == PP_ERR_NOT_FOUND ? PP_OK : st;
 }
 
+/* The MoE keys. `llama` with expert_count > 0 is Mixtral. qwen2moe's renormalisation of the top-k
+ * weights is `qwen2moe.expert_weights_norm` when present; llama.cpp's converter does not write it
+ * for qwen2moe, so it defaults to HF Qwen2MoeConfig's norm_topk_prob default, false. */
+static pp_status read_moe(const struct pp_gguf *g, const char *arch, struct pp_model_config *c)
+{
+    pp_status st;
+    int qwen = c->arch == PP_ARCH_QWEN2MOE;
+    if ((st = arch_key_i32(g, arch, "expert_count", qwen, &c->n_experts)) != PP_OK)
+        return st;
+    if (c->n_experts == 0)
+        return PP_OK;
+    if ((st = arch_key_i32(g, arch, "expert_used_count", 1, &c->n_experts_used)) != PP_OK)
+        return st;
+    if (!qwen) {
+        c->arch = PP_ARCH_MIXTRAL;
+        c->moe_gating = PP_MOE_TOPK_SOFTMAX;
+        c->expert_ffn_dim = c->ffn_dim;
+        return PP_OK;
+    }
+    c->moe_gating = PP_MOE_SOFTMAX_TOPK;
+    if ((st = arch_key_i32(g, arch, "expert_feed_forward_length", 1, &c->expert_ffn_dim)) != PP_OK ||
+        (st = arch_key_i32(g, arch, "expert_shared_feed_forward_length", 0, &c->shared_ffn_dim)) !=
+            PP_OK)
+        return st;
+    char key[128];
+    snprintf(key, sizeof(key), "%s.expert_weights_norm", arch);
+    st = pp_gguf_get_bool(g, key, &c->norm_topk_prob);
+    return st == PP_ERR_NOT_FOUND ? PP_OK : st;
+}
+
 pp_status pp__gguf_read_config(const struct pp_gguf *g, const char *path,
                                struct pp_model_config *c)
 {
@@ -53,9 +83,13 @@ pp_status pp__gguf_read_config(const struct pp_gguf *g, const char *path,
     } else if (strcmp(arch, "qwen2") == 0) {
         c->arch = PP_ARCH_QWEN2;
         c->rope_layout = PP_ROPE_NEOX;
+    } else if (strcmp(arch, "qwen2moe") == 0) {
+        c->arch = PP_ARCH_QWEN2MOE;
+        c->rope_layout = PP_ROPE_NEOX;
     } else {
         return pp_error(PP_ERR_UNSUPPORTED,
-                        "%s: unknown architecture \"%s\" (supported: llama, qwen2)", path, arch);
+                        "%s: unknown architecture \"%s\" (supported: llama, qwen2, qwen2moe)",
+                        path, arch);
     }
     c->norm_eps = 1e-5f;
     c->rope_theta = 10000.0f;
@@ -72,6 +106,8 @@ pp_status pp__gguf_read_config(const struct pp_gguf *g, const char *path,
         (st = arch_key_i32(g, arch, "vocab_size", 0, &c->vocab_size)) != PP_OK ||
         (st = arch_key_f32(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps)) != PP_OK ||
         (st = arch_key_f32(g, arch, "rope.freq_base", &c->rope_theta)) != PP_OK)
+        return st;
+    if ((st = read_moe(g, arch, c)) != PP_OK)
         return st;
     char key[128];
     snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);

@@ -113,10 +113,14 @@ static pp_status parse_arch(json_t *root, const char *path, enum pp_arch *arch)
         *arch = PP_ARCH_MISTRAL;
     else if (strcmp(name, "qwen2") == 0 || strcmp(name, "Qwen2ForCausalLM") == 0)
         *arch = PP_ARCH_QWEN2;
+    else if (strcmp(name, "mixtral") == 0 || strcmp(name, "MixtralForCausalLM") == 0)
+        *arch = PP_ARCH_MIXTRAL;
+    else if (strcmp(name, "qwen2_moe") == 0 || strcmp(name, "Qwen2MoeForCausalLM") == 0)
+        *arch = PP_ARCH_QWEN2MOE;
     else
         return pp_error(PP_ERR_UNSUPPORTED,
-                        "%s: unknown architecture \"%s\" (supported: llama, mistral, qwen2)", path,
-                        name);
+                        "%s: unknown architecture \"%s\" (supported: llama, mistral, qwen2, "
+                        "mixtral, qwen2_moe)", path, name);
     return PP_OK;
 }
 
@@ -152,6 +156,46 @@ static pp_status parse_rope_scaling(json_t *root, const char *path, struct pp_ro
     return PP_OK;
 }
 
+/* Mixtral: num_local_experts, num_experts_per_tok, experts of intermediate_size. Qwen2-MoE:
+ * num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size,
+ * norm_topk_prob (HF default false); only models whose every layer is sparse are supported. */
+static pp_status parse_moe(json_t *root, const char *path, struct pp_model_config *c)
+{
+    pp_status st;
+    if (c->arch == PP_ARCH_MIXTRAL) {
+        c->moe_gating = PP_MOE_TOPK_SOFTMAX;
+        c->expert_ffn_dim = c->ffn_dim;
+        if ((st = get_int(root, path, "num_local_experts", 1, &c->n_experts)) != PP_OK ||
+            (st = get_int(root, path, "num_experts_per_tok", 1, &c->n_experts_used)) != PP_OK)
+            return st;
+        return PP_OK;
+    }
+    if (c->arch != PP_ARCH_QWEN2MOE)
+        return PP_OK;
+    c->moe_gating = PP_MOE_SOFTMAX_TOPK;
+    int32_t sparse_step = 1;
+    if ((st = get_int(root, path, "num_experts", 1, &c->n_experts)) != PP_OK ||
+        (st = get_int(root, path, "num_experts_per_tok", 1, &c->n_experts_used)) != PP_OK ||
+        (st = get_int(root, path, "moe_intermediate_size", 1, &c->expert_ffn_dim)) != PP_OK ||
+        (st = get_int(root, path, "shared_expert_intermediate_size", 1, &c->shared_ffn_dim)) !=
+            PP_OK ||
+        (st = get_int(root, path, "decoder_sparse_step", 0, &sparse_step)) != PP_OK)
+        return st;
+    if (sparse_step != 1)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: \"decoder_sparse_step\" is %d; only 1 (every layer "
+                        "sparse) is supported", path, sparse_step);
+    json_t *dense = json_object_get(root, "mlp_only_layers");
+    if (dense && !json_is_null(dense) && !(json_is_array(dense) && json_array_size(dense) == 0))
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: \"mlp_only_layers\" must be empty (dense layers in "
+                        "a qwen2_moe model are not supported), got %s", path,
+                        json_is_array(dense) ? "a non-empty list" : "a non-list");
+    json_t *norm = json_object_get(root, "norm_topk_prob");
+    if (norm && !json_is_null(norm) && !json_is_boolean(norm))
+        return pp_error(PP_ERR_FORMAT, "%s: \"norm_topk_prob\" must be true or false", path);
+    c->norm_topk_prob = json_is_true(norm);
+    return PP_OK;
+}
+
 static pp_status parse_config(struct pp_hf_checkpoint *h)
 {
     char path[PATH_MAX + 16];
@@ -184,9 +228,10 @@ static pp_status parse_config(struct pp_hf_checkpoint *h)
         (st = get_eos(root, path, c)) != PP_OK ||
         (st = get_num(root, path, "rms_norm_eps", &c->norm_eps)) != PP_OK ||
         (st = get_num(root, path, "rope_theta", &c->rope_theta)) != PP_OK ||
-        (st = parse_rope_scaling(root, path, &c->rope_scaling)) != PP_OK)
+        (st = parse_rope_scaling(root, path, &c->rope_scaling)) != PP_OK ||
+        (st = parse_moe(root, path, c)) != PP_OK)
         goto done;
-    if (c->arch == PP_ARCH_MISTRAL &&
+    if ((c->arch == PP_ARCH_MISTRAL || c->arch == PP_ARCH_MIXTRAL) &&
         (st = get_int(root, path, "sliding_window", 0, &c->sliding_window)) != PP_OK)
         goto done;
     json_t *tie = json_object_get(root, "tie_word_embeddings");

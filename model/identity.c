@@ -62,6 +62,11 @@ pp_status pp_model_identity(const char *path, char out[PP_MODEL_ID_LEN])
                             c->rope_scaling.llama3, c->rope_scaling.original_context};
         for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
             pp_hash_word(&h, (uint64_t)fields[i]);
+        /* MoE fields only for MoE models, so dense identities stay what they were */
+        int64_t moe[] = {c->n_experts, c->n_experts_used, c->expert_ffn_dim, c->shared_ffn_dim,
+                         c->norm_topk_prob, c->moe_gating};
+        for (size_t i = 0; c->n_experts > 0 && i < sizeof(moe) / sizeof(moe[0]); i++)
+            pp_hash_word(&h, (uint64_t)moe[i]);
         float floats[] = {c->norm_eps, c->rope_theta, c->rope_scaling.factor,
                           c->rope_scaling.low_freq_factor, c->rope_scaling.high_freq_factor};
         pp_hash_bytes(&h, floats, sizeof(floats));

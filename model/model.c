@@ -7,12 +7,8 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "model/model-impl.h"
 #include "model/source.h"
-
-struct binder {
-    struct pp_model *m;
-    struct pp_source *src;
-};
 
 static void fmt_shape(char *buf, size_t cap, const int64_t *shape, int32_t n)
 {
@@ -23,9 +19,8 @@ static void fmt_shape(char *buf, size_t cap, const int64_t *shape, int32_t n)
         snprintf(buf + k, cap - k, "]");
 }
 
-/* Finds a tensor and checks its shape; `optional` tensors may be absent (*out stays NULL). */
-static pp_status find(struct binder *b, const char *name, int32_t n_dims, int64_t d0, int64_t d1,
-                      int optional, const struct pp_tensor **out)
+pp_status pp__bind_find(struct pp__binder *b, const char *name, int32_t n_dims,
+                        const int64_t *want, int optional, const struct pp_tensor **out)
 {
     *out = NULL;
     pp_status st = pp__source_tensor(b->src, name, out);
@@ -36,13 +31,12 @@ static pp_status find(struct binder *b, const char *name, int32_t n_dims, int64_
     }
     if (st != PP_OK)
         return st;
-    int64_t want[2] = {d0, d1};
     const struct pp_tensor *t = *out;
     int ok = t->n_dims == n_dims;
     for (int32_t i = 0; ok && i < n_dims; i++)
         ok = t->shape[i] == want[i];
     if (!ok) {
-        char ws[64], gs[96];
+        char ws[96], gs[96];
         fmt_shape(ws, sizeof(ws), want, n_dims);
         fmt_shape(gs, sizeof(gs), t->shape, t->n_dims);
         return pp_error(PP_ERR_FORMAT, "%s: tensor %s: expected shape %s, got %s", b->src->path,
@@ -51,43 +45,58 @@ static pp_status find(struct binder *b, const char *name, int32_t n_dims, int64_
     return PP_OK;
 }
 
-/* A 2-D weight used in place; realigned into owned memory only if the file misaligns it. */
-static pp_status bind_weight(struct binder *b, const char *name, int64_t rows, int64_t cols,
-                             struct pp_weight *w)
+pp_status pp__bind_matrix(struct pp__binder *b, const char *name, const struct pp_tensor *t,
+                          int64_t index, int64_t rows, int64_t cols, struct pp_weight *w)
 {
-    const struct pp_tensor *t;
-    pp_status st = find(b, name, 2, rows, cols, 0, &t);
-    if (st != PP_OK)
-        return st;
     if (t->dtype == PP_DTYPE_Q8_0 && cols % PP_Q8_0_BLOCK != 0)
         return pp_error(PP_ERR_FORMAT, "%s: tensor %s: Q8_0 rows of %lld values are not whole "
                         "32-value blocks", b->src->path, name, (long long)cols);
-    w->data = t->data;
+    int64_t bytes = rows * pp_dtype_row_bytes(t->dtype, cols);
+    w->data = (const uint8_t *)t->data + index * bytes;
     w->dtype = t->dtype;
     w->rows = rows;
     w->cols = cols;
     size_t align = t->dtype == PP_DTYPE_F32 ? 4 : t->dtype == PP_DTYPE_Q8_0 ? 1 : 2;
-    if ((uintptr_t)t->data % align != 0) {
-        size_t bytes = (size_t)(rows * pp_dtype_row_bytes(t->dtype, cols));
-        void *copy = pp_alloc_aligned(PP_MEM_WEIGHTS, bytes);
+    if ((uintptr_t)w->data % align != 0) {
+        if (b->m->n_owned >= b->m->cap_owned)
+            return pp_error(PP_ERR_INTERNAL, "%s: more misaligned tensors than the %d counted",
+                            b->src->path, b->m->cap_owned);
+        void *copy = pp_alloc_aligned(PP_MEM_WEIGHTS, (size_t)bytes);
         if (!copy)
             return PP_ERR_NOMEM;
-        memcpy(copy, t->data, bytes);
+        memcpy(copy, w->data, (size_t)bytes);
         w->data = copy;
         b->m->owned_copies[b->m->n_owned++] = copy;
     }
     return PP_OK;
 }
 
-/* A 1-D tensor converted to owned f32. */
-static pp_status bind_vector(struct binder *b, const char *name, int64_t n, int optional,
-                             float **out)
+pp_status pp__bind_weight(struct pp__binder *b, const char *name, int64_t rows, int64_t cols,
+                          struct pp_weight *w)
+{
+    const struct pp_tensor *t;
+    int64_t want[2] = {rows, cols};
+    pp_status st = pp__bind_find(b, name, 2, want, 0, &t);
+    if (st != PP_OK)
+        return st;
+    return pp__bind_matrix(b, name, t, 0, rows, cols, w);
+}
+
+pp_status pp__bind_vector(struct pp__binder *b, const char *name, int64_t n, int optional,
+                          float **out)
 {
     const struct pp_tensor *t;
     *out = NULL;
-    pp_status st = find(b, name, 1, n, 0, optional, &t);
+    int64_t want[1] = {n};
+    pp_status st = pp__bind_find(b, name, 1, want, optional, &t);
     if (st != PP_OK || !t)
         return st;
+    return pp__bind_vector_from(b, name, t, n, out);
+}
+
+pp_status pp__bind_vector_from(struct pp__binder *b, const char *name, const struct pp_tensor *t,
+                               int64_t n, float **out)
+{
     if (t->dtype == PP_DTYPE_Q8_0)
         return pp_error(PP_ERR_FORMAT, "%s: tensor %s: 1-D tensors must be f32, f16 or bf16, got "
                         "q8_0", b->src->path, name);
@@ -109,30 +118,37 @@ static pp_status bind_vector(struct binder *b, const char *name, int64_t n, int 
     return PP_OK;
 }
 
-static pp_status bind_layer(struct binder *b, int32_t layer, struct pp_layer_weights *lw)
+static pp_status bind_layer(struct pp__binder *b, int32_t layer, struct pp_layer_weights *lw)
 {
     const struct pp_model_config *c = &b->m->cfg;
     int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
     char name[96];
     pp_status st;
 #define NAME(suffix) (snprintf(name, sizeof(name), "blk.%d." suffix, layer), name)
-    if ((st = bind_vector(b, NAME("attn_norm.weight"), c->dim, 0, &lw->attn_norm)) != PP_OK ||
-        (st = bind_weight(b, NAME("attn_q.weight"), q_dim, c->dim, &lw->wq)) != PP_OK ||
-        (st = bind_weight(b, NAME("attn_k.weight"), kv_dim, c->dim, &lw->wk)) != PP_OK ||
-        (st = bind_weight(b, NAME("attn_v.weight"), kv_dim, c->dim, &lw->wv)) != PP_OK ||
-        (st = bind_vector(b, NAME("attn_q.bias"), q_dim, 1, &lw->bq)) != PP_OK ||
-        (st = bind_vector(b, NAME("attn_k.bias"), kv_dim, 1, &lw->bk)) != PP_OK ||
-        (st = bind_vector(b, NAME("attn_v.bias"), kv_dim, 1, &lw->bv)) != PP_OK ||
-        (st = bind_weight(b, NAME("attn_output.weight"), c->dim, q_dim, &lw->wo)) != PP_OK ||
-        (st = bind_vector(b, NAME("ffn_norm.weight"), c->dim, 0, &lw->ffn_norm)) != PP_OK ||
-        (st = bind_weight(b, NAME("ffn_gate.weight"), c->ffn_dim, c->dim, &lw->w_gate)) != PP_OK ||
-        (st = bind_weight(b, NAME("ffn_up.weight"), c->ffn_dim, c->dim, &lw->w_up)) != PP_OK ||
-        (st = bind_weight(b, NAME("ffn_down.weight"), c->dim, c->ffn_dim, &lw->w_down)) != PP_OK)
+    if ((st = pp__bind_vector(b, NAME("attn_norm.weight"), c->dim, 0, &lw->attn_norm)) != PP_OK ||
+        (st = pp__bind_weight(b, NAME("attn_q.weight"), q_dim, c->dim, &lw->wq)) != PP_OK ||
+        (st = pp__bind_weight(b, NAME("attn_k.weight"), kv_dim, c->dim, &lw->wk)) != PP_OK ||
+        (st = pp__bind_weight(b, NAME("attn_v.weight"), kv_dim, c->dim, &lw->wv)) != PP_OK ||
+        (st = pp__bind_vector(b, NAME("attn_q.bias"), q_dim, 1, &lw->bq)) != PP_OK ||
+        (st = pp__bind_vector(b, NAME("attn_k.bias"), kv_dim, 1, &lw->bk)) != PP_OK ||
+        (st = pp__bind_vector(b, NAME("attn_v.bias"), kv_dim, 1, &lw->bv)) != PP_OK ||
+        (st = pp__bind_weight(b, NAME("attn_output.weight"), c->dim, q_dim, &lw->wo)) != PP_OK ||
+        (st = pp__bind_vector(b, NAME("ffn_norm.weight"), c->dim, 0, &lw->ffn_norm)) != PP_OK)
+        return st;
+    if (c->n_experts > 0)
+        st = pp__bind_moe(b, layer, &lw->moe);
+    else if ((st = pp__bind_weight(b, NAME("ffn_gate.weight"), c->ffn_dim, c->dim, &lw->w_gate)) ==
+                 PP_OK &&
+             (st = pp__bind_weight(b, NAME("ffn_up.weight"), c->ffn_dim, c->dim, &lw->w_up)) ==
+                 PP_OK)
+        st = pp__bind_weight(b, NAME("ffn_down.weight"), c->dim, c->ffn_dim, &lw->w_down);
+    if (st != PP_OK)
         return st;
 #undef NAME
-    if (c->arch == PP_ARCH_QWEN2 && c->format == PP_FORMAT_HF && (!lw->bq || !lw->bk || !lw->bv))
-        return pp_error(PP_ERR_NOT_FOUND, "%s: qwen2 layer %d lacks its q/k/v biases",
-                        b->src->path, layer);
+    int qwen = c->arch == PP_ARCH_QWEN2 || c->arch == PP_ARCH_QWEN2MOE;
+    if (qwen && c->format == PP_FORMAT_HF && (!lw->bq || !lw->bk || !lw->bv))
+        return pp_error(PP_ERR_NOT_FOUND, "%s: %s layer %d lacks its q/k/v biases",
+                        b->src->path, pp_arch_name(c->arch), layer);
     return PP_OK;
 }
 
@@ -147,7 +163,7 @@ pp_status pp_model_read_config(const char *path, struct pp_model_config *out)
     return PP_OK;
 }
 
-static pp_status bind_all(struct binder *b)
+static pp_status bind_all(struct pp__binder *b)
 {
     struct pp_model *m = b->m;
     const struct pp_model_config *c = &m->cfg;
@@ -155,27 +171,31 @@ static pp_status bind_all(struct binder *b)
     int32_t n = m->last_layer - m->first_layer;
     m->layers = pp_calloc(PP_MEM_MISC, (size_t)(n ? n : 1), sizeof(*m->layers));
     m->inv_freq = pp_alloc_aligned(PP_MEM_WEIGHTS, (size_t)c->head_dim / 2 * sizeof(float));
-    m->owned_copies = pp_calloc(PP_MEM_MISC, (size_t)n * 7 + 2, sizeof(void *));
+    /* at most one realigned copy per matrix: 7 per layer, or 4 + 3 per expert */
+    int64_t per_layer = c->n_experts > 0 ? 4 + 3 * (int64_t)c->n_experts : 7;
+    m->cap_owned = (int32_t)(n * per_layer + 2);
+    m->owned_copies = pp_calloc(PP_MEM_MISC, (size_t)m->cap_owned, sizeof(void *));
     if (!m->layers || !m->inv_freq || !m->owned_copies)
         return PP_ERR_NOMEM;
     pp_rope_inv_freq(c, b->src->rope_divisors, m->inv_freq);
     if (m->has_embedding &&
-        (st = bind_weight(b, "token_embd.weight", c->vocab_size, c->dim, &m->embedding)) != PP_OK)
+        (st = pp__bind_weight(b, "token_embd.weight", c->vocab_size, c->dim, &m->embedding)) != PP_OK)
         return st;
     for (int32_t l = 0; l < n; l++)
         if ((st = bind_layer(b, m->first_layer + l, &m->layers[l])) != PP_OK)
             return st;
     if (m->has_head) {
-        if ((st = bind_vector(b, "output_norm.weight", c->dim, 0, &m->final_norm)) != PP_OK)
+        if ((st = pp__bind_vector(b, "output_norm.weight", c->dim, 0, &m->final_norm)) != PP_OK)
             return st;
         const struct pp_tensor *head;
-        if ((st = find(b, "output.weight", 2, c->vocab_size, c->dim, 1, &head)) != PP_OK)
+        int64_t want[2] = {c->vocab_size, c->dim};
+        if ((st = pp__bind_find(b, "output.weight", 2, want, 1, &head)) != PP_OK)
             return st;
         const char *head_name = head ? "output.weight" : "token_embd.weight";
         if (!head && !c->tied_embeddings)
             return pp_error(PP_ERR_NOT_FOUND, "%s: missing tensor lm_head (output.weight) and "
                             "the embeddings are not tied", b->src->path);
-        if ((st = bind_weight(b, head_name, c->vocab_size, c->dim, &m->lm_head)) != PP_OK)
+        if ((st = pp__bind_weight(b, head_name, c->vocab_size, c->dim, &m->lm_head)) != PP_OK)
             return st;
     }
     return PP_OK;
@@ -203,7 +223,7 @@ pp_status pp_model_open(const char *path, int32_t first, int32_t last, struct pp
     m->last_layer = last;
     m->has_embedding = first == 0;
     m->has_head = last == m->cfg.n_layers;
-    struct binder b = {m, m->source};
+    struct pp__binder b = {m, m->source};
     if ((st = bind_all(&b)) != PP_OK) {
         pp_model_free(m);
         return st;
@@ -224,6 +244,7 @@ void pp_model_free(struct pp_model *m)
             pp_free(PP_MEM_WEIGHTS, lw->bq);
             pp_free(PP_MEM_WEIGHTS, lw->bk);
             pp_free(PP_MEM_WEIGHTS, lw->bv);
+            pp__moe_weights_free(lw->moe);
         }
         pp_free(PP_MEM_MISC, m->layers);
     }
@@ -246,7 +267,7 @@ int64_t pp_model_layer_bytes(const struct pp_model *m, int32_t layer)
     const struct pp_layer_weights *lw = &m->layers[layer - m->first_layer];
     return pp_weight_bytes(&lw->wq) + pp_weight_bytes(&lw->wk) + pp_weight_bytes(&lw->wv) +
            pp_weight_bytes(&lw->wo) + pp_weight_bytes(&lw->w_gate) + pp_weight_bytes(&lw->w_up) +
-           pp_weight_bytes(&lw->w_down);
+           pp_weight_bytes(&lw->w_down) + pp__moe_weights_bytes(lw->moe);
 }
 
 int64_t pp_model_weight_bytes(const struct pp_model *m)

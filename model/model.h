@@ -10,14 +10,31 @@
 #include "kernels/backend.h"
 #include "model/model_config.h"
 
+/* A layer's Mixture-of-Experts FFN, or this worker's share of it. Expert matrices point in place
+ * into the file's 3-D tensors (or its per-expert tensors); nothing here is copied unless the file
+ * misaligns it. */
+struct pp_moe_weights {
+    int32_t n_experts;           /* experts held here: ids [expert_base, expert_base + n_experts) */
+    int32_t expert_base;         /* 0 in an unsharded model */
+    struct pp_weight router;     /* [n_experts_total, dim]: always every expert's row */
+    struct pp_weight *gate, *up; /* [n_experts] each [ffn_rows, dim] (ffn_rows = expert_ffn_dim
+                                    unsharded) */
+    struct pp_weight *down;      /* [n_experts] each [dim, ffn_rows] */
+    struct pp_weight shared_gate, shared_up; /* [shared_ffn_dim, dim]; data NULL when there is no
+                                                shared expert */
+    struct pp_weight shared_down;            /* [dim, shared_ffn_dim] */
+    float *shared_gate_inp;                  /* [dim] f32, or NULL */
+};
+
 struct pp_layer_weights {
     struct pp_weight wq;     /* [n_heads*head_dim, dim] */
     struct pp_weight wk;     /* [n_kv_heads*head_dim, dim] */
     struct pp_weight wv;     /* [n_kv_heads*head_dim, dim] */
     struct pp_weight wo;     /* [dim, n_heads*head_dim] */
-    struct pp_weight w_gate; /* [ffn_dim, dim] */
-    struct pp_weight w_up;   /* [ffn_dim, dim] */
-    struct pp_weight w_down; /* [dim, ffn_dim] */
+    struct pp_weight w_gate; /* [ffn_dim, dim]; data NULL on MoE layers */
+    struct pp_weight w_up;   /* [ffn_dim, dim]; data NULL on MoE layers */
+    struct pp_weight w_down; /* [dim, ffn_dim]; data NULL on MoE layers */
+    struct pp_moe_weights *moe; /* NULL on dense layers; owned by the model */
     float *attn_norm;        /* [dim] */
     float *ffn_norm;         /* [dim] */
     float *bq;               /* [n_heads*head_dim] or NULL */
@@ -41,6 +58,7 @@ struct pp_model {
     struct pp_source *source;   /* the open file(s); internal */
     void **owned_copies;        /* weights realigned out of a misaligned file; freed with the model */
     int32_t n_owned;
+    int32_t cap_owned;
 };
 
 /* Opens path (a .gguf file or an HF checkpoint directory) for layers [first, last); last < 0 means
@@ -52,7 +70,7 @@ void pp_model_free(struct pp_model *m);
 /* Reads only the hyper-parameters of a model. */
 pp_status pp_model_read_config(const char *path, struct pp_model_config *out);
 
-/* Bytes of weights the range uses (as stored). */
+/* Bytes of weights the range uses (as stored), experts, routers and shared experts included. */
 int64_t pp_model_weight_bytes(const struct pp_model *m);
 /* Bytes of one layer's matrices (first_layer <= layer < last_layer), and of one weight (0 when
  * absent), as stored. */

@@ -4,11 +4,47 @@
 #include <math.h>
 #include <stdint.h>
 
-static const char *const arch_names[PP_ARCH_COUNT] = {"llama", "mistral", "qwen2"};
+static const char *const arch_names[PP_ARCH_COUNT] = {"llama", "mistral", "qwen2", "mixtral",
+                                                        "qwen2moe"};
 
 const char *pp_arch_name(enum pp_arch a)
 {
     return (unsigned)a < PP_ARCH_COUNT ? arch_names[a] : "unknown";
+}
+
+static pp_status validate_moe(const struct pp_model_config *c, const char *src)
+{
+    int moe_arch = c->arch == PP_ARCH_MIXTRAL || c->arch == PP_ARCH_QWEN2MOE;
+    if (c->n_experts == 0) {
+        if (moe_arch)
+            return pp_error(PP_ERR_FORMAT, "%s: architecture %s needs an expert count >= 1, got 0",
+                            src, pp_arch_name(c->arch));
+        return PP_OK;
+    }
+    if (!moe_arch)
+        return pp_error(PP_ERR_FORMAT, "%s: %d experts given for architecture %s, which has none",
+                        src, c->n_experts, pp_arch_name(c->arch));
+    if (c->n_experts < 1 || c->n_experts > 4096)
+        return pp_error(PP_ERR_FORMAT, "%s: expert count is %d (expected 1..4096)", src,
+                        c->n_experts);
+    if (c->n_experts_used < 1 || c->n_experts_used > c->n_experts)
+        return pp_error(PP_ERR_FORMAT, "%s: experts used per token is %d (expected 1..%d, the "
+                        "expert count)", src, c->n_experts_used, c->n_experts);
+    if (c->expert_ffn_dim < 1 || c->expert_ffn_dim > (1 << 20))
+        return pp_error(PP_ERR_FORMAT, "%s: expert FFN size is %d (expected 1..%d)", src,
+                        c->expert_ffn_dim, 1 << 20);
+    if (c->shared_ffn_dim < 0 || c->shared_ffn_dim > (1 << 20))
+        return pp_error(PP_ERR_FORMAT, "%s: shared expert FFN size is %d (expected 0..%d)", src,
+                        c->shared_ffn_dim, 1 << 20);
+    if (c->arch == PP_ARCH_MIXTRAL && c->shared_ffn_dim != 0)
+        return pp_error(PP_ERR_FORMAT, "%s: mixtral has no shared expert, got shared FFN size %d",
+                        src, c->shared_ffn_dim);
+    enum pp_moe_gating want = c->arch == PP_ARCH_MIXTRAL ? PP_MOE_TOPK_SOFTMAX
+                                                         : PP_MOE_SOFTMAX_TOPK;
+    if (c->moe_gating != want)
+        return pp_error(PP_ERR_FORMAT, "%s: gating %d does not match architecture %s", src,
+                        (int)c->moe_gating, pp_arch_name(c->arch));
+    return PP_OK;
 }
 
 pp_status pp_model_config_validate(const struct pp_model_config *c, const char *src)
@@ -48,7 +84,7 @@ pp_status pp_model_config_validate(const struct pp_model_config *c, const char *
                         "%g, %d)",
                         src, r->factor, r->low_freq_factor, r->high_freq_factor,
                         r->original_context);
-    return PP_OK;
+    return validate_moe(c, src);
 }
 
 void pp_rope_inv_freq(const struct pp_model_config *c, const float *freq_divisors, float *inv_freq)

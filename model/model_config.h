@@ -11,6 +11,8 @@ enum pp_arch {
     PP_ARCH_LLAMA = 0, /* Llama 2/3/3.1/3.2, TinyLlama */
     PP_ARCH_MISTRAL,
     PP_ARCH_QWEN2,
+    PP_ARCH_MIXTRAL,  /* GGUF: llama with expert_count; HF: mixtral */
+    PP_ARCH_QWEN2MOE, /* GGUF: qwen2moe; HF: qwen2_moe */
     PP_ARCH_COUNT
 };
 
@@ -25,6 +27,13 @@ struct pp_rope_scaling {
 };
 
 #define PP_MAX_EOS 8
+
+/* How router logits become expert weights. */
+enum pp_moe_gating {
+    PP_MOE_TOPK_SOFTMAX = 0, /* mixtral: top-k of the logits, softmax over those k */
+    PP_MOE_SOFTMAX_TOPK,     /* qwen2moe: softmax over all experts, top-k, renormalise only if
+                                norm_topk_prob */
+};
 
 struct pp_model_config {
     enum pp_arch arch;
@@ -47,6 +56,13 @@ struct pp_model_config {
     int32_t eos_id; /* the primary end-of-sequence token, -1 when unknown */
     int32_t n_eos;  /* every token that ends generation (Llama 3 has several) */
     int32_t eos_ids[PP_MAX_EOS];
+    /* Mixture of experts: every layer's FFN is the MoE block when n_experts > 0. */
+    int32_t n_experts;      /* 0 = dense */
+    int32_t n_experts_used; /* experts per token (top-k) */
+    int32_t expert_ffn_dim; /* rows of each expert's gate/up */
+    int32_t shared_ffn_dim; /* rows of the shared expert's gate/up; 0 = none */
+    int norm_topk_prob;     /* PP_MOE_SOFTMAX_TOPK: renormalise the k weights to sum 1 */
+    enum pp_moe_gating moe_gating;
 };
 
 /* Adds id to the configuration's end-of-sequence set (ignored when negative, known or full). */
@@ -56,7 +72,8 @@ int pp_model_config_is_eos(const struct pp_model_config *c, int32_t id);
 
 const char *pp_arch_name(enum pp_arch a);
 
-/* Checks the values are usable together (positive sizes, heads divide, even head_dim, ...). The
+/* Checks the values are usable together (positive sizes, heads divide, even head_dim, MoE counts
+ * and sizes when n_experts > 0, ...). The
  * message names the source (a path) and the field. */
 pp_status pp_model_config_validate(const struct pp_model_config *c, const char *source);
 

@@ -49,12 +49,27 @@ pp_status pp_shard_check(const struct pp_model_config *c, int32_t tp, int32_t ep
     if (c->vocab_size < tp)
         return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d exceeds the vocabulary size %d", source, tp,
                         c->vocab_size);
-    if (ep > 1)
+    if (ep > 1 && c->n_experts == 0)
         return pp_error(PP_ERR_INVALID_ARG, "%s: ep %d needs a mixture-of-experts model; this "
                         "model is dense", source, ep);
+    if (c->n_experts == 0)
+        return PP_OK;
+    if (c->n_experts % ep != 0) {
+        divisors(ok, sizeof(ok), c->n_experts);
+        return pp_error(PP_ERR_INVALID_ARG, "%s: ep %d does not divide the %d experts into equal "
+                        "groups (valid ep: %s, and dividing tp %d)", source, ep, c->n_experts, ok,
+                        tp);
+    }
+    if (c->expert_ffn_dim < tp / ep)
+        return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d / ep %d splits each expert %d ways, more than "
+                        "its %d FFN rows", source, tp, ep, tp / ep, c->expert_ffn_dim);
+    if (c->shared_ffn_dim > 0 && c->shared_ffn_dim < tp)
+        return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d exceeds the shared expert's %d FFN rows",
+                        source, tp, c->shared_ffn_dim);
     return PP_OK;
 }
 
+/* p (PP_MEM_WEIGHTS) is freed with the shard. */
 static pp_status own(struct pp_shard *s, void *p)
 {
     if (s->n_owned == s->cap_owned) {
@@ -89,6 +104,10 @@ static pp_status cols_of(struct pp_shard *s, const struct pp_weight *w, int64_t 
         return pp_error(PP_ERR_UNSUPPORTED, "tp %d: layer %d %s is Q8_0 and its columns "
                         "[%lld, %lld) for worker %d are not whole %d-value blocks", s->n_ranks,
                         layer, what, (long long)c0, (long long)c1, s->rank, PP_Q8_0_BLOCK);
+    if (c0 == 0 && c1 == w->cols) {
+        *out = *w; /* the whole matrix: nothing to repack */
+        return PP_OK;
+    }
     int64_t src_row = pp_dtype_row_bytes(w->dtype, w->cols);
     int64_t off = pp_dtype_row_bytes(w->dtype, c0), n = pp_dtype_row_bytes(w->dtype, c1 - c0);
     char *p = pp_alloc_aligned(PP_MEM_WEIGHTS, (size_t)(w->rows * n));
@@ -109,8 +128,71 @@ static pp_status cols_of(struct pp_shard *s, const struct pp_weight *w, int64_t 
     return PP_OK;
 }
 
-static pp_status shard_layer(struct pp_shard *s, const struct pp_model *m, int32_t layer,
-                             const struct pp_layer_weights *full, struct pp_layer_weights *lw)
+/* Owned zeroed PP_MEM_WEIGHTS memory (slice tables), or NULL. */
+static void *own_zeroed(struct pp_shard *s, size_t bytes)
+{
+    void *p = pp_alloc_aligned(PP_MEM_WEIGHTS, bytes ? bytes : 1);
+    if (!p)
+        return NULL;
+    memset(p, 0, bytes);
+    if (own(s, p) != PP_OK) {
+        pp_free(PP_MEM_WEIGHTS, p);
+        return NULL;
+    }
+    return p;
+}
+
+/* The gate/up rows [r0, r1) and down columns of one expert (or the shared expert). */
+static pp_status slice_expert(struct pp_shard *s, const struct pp_weight *gate,
+                              const struct pp_weight *up, const struct pp_weight *down,
+                              int64_t r0, int64_t r1, const char *what, int32_t layer,
+                              struct pp_weight *g, struct pp_weight *u, struct pp_weight *d)
+{
+    *g = rows_of(gate, r0, r1);
+    *u = rows_of(up, r0, r1);
+    if (r1 - r0 > s->moe_ffn_rows)
+        s->moe_ffn_rows = (int32_t)(r1 - r0);
+    return cols_of(s, down, r0, r1, what, layer, d);
+}
+
+/* This worker's experts of one MoE layer: its group's experts, each split W / E ways, and its
+ * W-way part of the shared expert. */
+static pp_status shard_moe(struct pp_shard *s, const struct pp_model_config *c, int32_t ep,
+                           int32_t layer, const struct pp_moe_weights *full,
+                           struct pp_moe_weights **out)
+{
+    int32_t per_group = s->n_ranks / ep, q = s->rank % per_group;
+    struct pp_moe_weights *mw = own_zeroed(s, sizeof(*mw));
+    struct pp_weight *tab = own_zeroed(s, 3 * (size_t)s->n_experts * sizeof(struct pp_weight));
+    if (!mw || !tab)
+        return PP_ERR_NOMEM;
+    *mw = *full;
+    mw->expert_base = s->expert0;
+    mw->n_experts = s->n_experts;
+    mw->gate = tab;
+    mw->up = tab + s->n_experts;
+    mw->down = tab + 2 * s->n_experts;
+    int64_t r0, r1;
+    pp_shard_split(c->expert_ffn_dim, per_group, q, PP_Q8_0_BLOCK, &r0, &r1);
+    pp_status st = PP_OK;
+    for (int32_t h = 0; h < s->n_experts && st == PP_OK; h++) {
+        int32_t e = s->expert0 + h - full->expert_base;
+        st = slice_expert(s, &full->gate[e], &full->up[e], &full->down[e], r0, r1, "expert down",
+                          layer, &mw->gate[h], &mw->up[h], &mw->down[h]);
+    }
+    if (st == PP_OK && full->shared_gate.data) {
+        pp_shard_split(c->shared_ffn_dim, s->n_ranks, s->rank, PP_Q8_0_BLOCK, &r0, &r1);
+        st = slice_expert(s, &full->shared_gate, &full->shared_up, &full->shared_down, r0, r1,
+                          "shared expert down", layer, &mw->shared_gate, &mw->shared_up,
+                          &mw->shared_down);
+    }
+    *out = mw;
+    return st;
+}
+
+static pp_status shard_layer(struct pp_shard *s, const struct pp_model *m, int32_t ep,
+                             int32_t layer, const struct pp_layer_weights *full,
+                             struct pp_layer_weights *lw)
 {
     const struct pp_model_config *c = &m->cfg;
     int64_t hd = c->head_dim;
@@ -131,6 +213,8 @@ static pp_status shard_layer(struct pp_shard *s, const struct pp_model *m, int32
         st = cols_of(s, &full->w_down, s->ffn0, s->ffn0 + s->ffn_dim, "ffn down", layer,
                      &lw->w_down);
     }
+    if (st == PP_OK && full->moe)
+        st = shard_moe(s, c, ep, layer, full->moe, &lw->moe);
     return st;
 }
 
@@ -161,9 +245,18 @@ pp_status pp_shard_new(const struct pp_model *m, int32_t tp, int32_t ep, int32_t
         s->kv_head0 = s->head0 / (c->n_heads / c->n_kv_heads);
     }
     int64_t b, e;
-    pp_shard_split(c->ffn_dim, tp, rank, PP_Q8_0_BLOCK, &b, &e);
-    s->ffn0 = (int32_t)b;
-    s->ffn_dim = (int32_t)(e - b);
+    if (c->n_experts == 0) {
+        pp_shard_split(c->ffn_dim, tp, rank, PP_Q8_0_BLOCK, &b, &e);
+        s->ffn0 = (int32_t)b;
+        s->ffn_dim = (int32_t)(e - b);
+    } else {
+        pp_shard_split(c->n_experts, ep, rank / (tp / ep), 1, &b, &e);
+        s->expert0 = (int32_t)b;
+        s->n_experts = (int32_t)(e - b);
+        if (tp == 1)
+            s->moe_ffn_rows = c->expert_ffn_dim > c->shared_ffn_dim ? c->expert_ffn_dim
+                                                                    : c->shared_ffn_dim;
+    }
     pp_shard_split(c->vocab_size, tp, rank, 1, &b, &e);
     s->vocab0 = (int32_t)b;
     s->n_vocab = (int32_t)(e - b);
@@ -174,7 +267,8 @@ pp_status pp_shard_new(const struct pp_model *m, int32_t tp, int32_t ep, int32_t
             s->layers[l] = m->layers[l];
             continue;
         }
-        if ((st = shard_layer(s, m, m->first_layer + l, &m->layers[l], &s->layers[l])) != PP_OK) {
+        if ((st = shard_layer(s, m, ep, m->first_layer + l, &m->layers[l], &s->layers[l])) !=
+            PP_OK) {
             pp_shard_free(s);
             return st;
         }
@@ -202,6 +296,14 @@ int64_t pp_shard_weight_bytes(const struct pp_shard *s, const struct pp_model *m
         total += pp_weight_bytes(&lw->wq) + pp_weight_bytes(&lw->wk) + pp_weight_bytes(&lw->wv) +
                  pp_weight_bytes(&lw->wo) + pp_weight_bytes(&lw->w_gate) +
                  pp_weight_bytes(&lw->w_up) + pp_weight_bytes(&lw->w_down);
+        const struct pp_moe_weights *mw = lw->moe;
+        if (!mw)
+            continue;
+        total += pp_weight_bytes(&mw->router) + pp_weight_bytes(&mw->shared_gate) +
+                 pp_weight_bytes(&mw->shared_up) + pp_weight_bytes(&mw->shared_down);
+        for (int32_t h = 0; h < mw->n_experts; h++)
+            total += pp_weight_bytes(&mw->gate[h]) + pp_weight_bytes(&mw->up[h]) +
+                     pp_weight_bytes(&mw->down[h]);
     }
     if (m->has_head)
         total += pp_weight_bytes(&s->lm_head);

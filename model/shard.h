@@ -5,6 +5,11 @@
  * column slices are repacked at load into owned memory of the same dtype. The embedding is used
  * whole by every worker (a gather reads only the looked-up rows, and mapped pages are shared).
  *
+ * MoE layers (expert parallelism): the router is whole on every worker; the experts are split into E
+ * groups (ep), each group's experts tensor-split W / E ways as above (gate/up rows in place, down
+ * columns repacked); the shared expert is split W ways. Each worker's MoE output is then a partial
+ * sum, completed by the same all-reduce as a dense FFN.
+ *
  * KV heads: with W <= n_kv_heads each worker holds n_kv_heads / W of them; with W > n_kv_heads each
  * holds the one KV head its query heads read (replicated across W / n_kv_heads workers). */
 #ifndef PP_SHARD_H
@@ -22,8 +27,14 @@ struct pp_shard {
     int32_t n_heads;
     int32_t kv_head0;   /* KV heads held: [kv_head0, kv_head0 + n_kv_heads) */
     int32_t n_kv_heads;
-    int32_t ffn0;       /* dense FFN rows held: [ffn0, ffn0 + ffn_dim) */
+    int32_t ffn0;       /* dense FFN rows held: [ffn0, ffn0 + ffn_dim); 0 rows on MoE models */
     int32_t ffn_dim;
+    /* MoE: E expert groups of W / E workers; this worker's group holds experts
+     * [expert0, expert0 + n_experts) and splits each one's FFN rows W / E ways; the shared expert's
+     * rows are split over all W workers */
+    int32_t expert0;
+    int32_t n_experts;
+    int32_t moe_ffn_rows; /* the most gate/up rows of any expert or shared expert held */
     int32_t vocab0;     /* LM head rows held: [vocab0, vocab0 + n_vocab); when the range has it */
     int32_t n_vocab;
     struct pp_layer_weights *layers; /* [last_layer - first_layer] this worker's weights */

@@ -27,14 +27,55 @@ static const char *const layer_names[][2] = {
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
 
+/* MoE per-layer names: GGUF suffix → Mixtral, Qwen2-MoE suffix. */
+static const char *const moe_names[][3] = {
+    {"ffn_gate_inp.weight", "block_sparse_moe.gate.weight", "mlp.gate.weight"},
+    {"ffn_gate_shexp.weight", NULL, "mlp.shared_expert.gate_proj.weight"},
+    {"ffn_up_shexp.weight", NULL, "mlp.shared_expert.up_proj.weight"},
+    {"ffn_down_shexp.weight", NULL, "mlp.shared_expert.down_proj.weight"},
+    {"ffn_gate_inp_shexp.weight", NULL, "mlp.shared_expert_gate.weight"},
+};
+
+/* One expert's matrices, named as split GGUF files name them (blk.N.ffn_gate.E.weight). */
+static const char *const expert_names[][3] = {
+    {"ffn_gate", "w1", "gate_proj"},
+    {"ffn_up", "w3", "up_proj"},
+    {"ffn_down", "w2", "down_proj"},
+};
+
 static const char *const global_names[][2] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
     {"output_norm.weight", "model.norm.weight"},
     {"output.weight", "lm_head.weight"},
 };
 
+/* The HF name of a GGUF MoE tensor of layer `layer` (suffix after "blk.N."); 0 when none. */
+static int hf_moe_name(enum pp_arch arch, int layer, const char *suffix, char *out, size_t cap)
+{
+    int col = arch == PP_ARCH_MIXTRAL ? 1 : arch == PP_ARCH_QWEN2MOE ? 2 : 0;
+    if (!col)
+        return 0;
+    for (size_t i = 0; i < sizeof(moe_names) / sizeof(moe_names[0]); i++)
+        if (strcmp(suffix, moe_names[i][0]) == 0 && moe_names[i][col]) {
+            snprintf(out, cap, "model.layers.%d.%s", layer, moe_names[i][col]);
+            return 1;
+        }
+    for (size_t i = 0; i < sizeof(expert_names) / sizeof(expert_names[0]); i++) {
+        size_t n = strlen(expert_names[i][0]);
+        int expert, end = 0;
+        if (strncmp(suffix, expert_names[i][0], n) != 0 ||
+            sscanf(suffix + n, ".%d.weight%n", &expert, &end) != 1 || suffix[n + end] != '\0' ||
+            expert < 0)
+            continue;
+        snprintf(out, cap, "model.layers.%d.%s.experts.%d.%s.weight", layer,
+                 col == 1 ? "block_sparse_moe" : "mlp", expert, expert_names[i][col]);
+        return 1;
+    }
+    return 0;
+}
+
 /* Writes the HF name of a GGUF tensor name into out; 0 when it has none. */
-static int hf_name(const char *gguf, char *out, size_t cap)
+static int hf_name(enum pp_arch arch, const char *gguf, char *out, size_t cap)
 {
     for (size_t i = 0; i < sizeof(global_names) / sizeof(global_names[0]); i++)
         if (strcmp(gguf, global_names[i][0]) == 0) {
@@ -49,7 +90,7 @@ static int hf_name(const char *gguf, char *out, size_t cap)
             snprintf(out, cap, "model.layers.%d.%s", layer, layer_names[i][1]);
             return 1;
         }
-    return 0;
+    return hf_moe_name(arch, layer, gguf + n, out, cap);
 }
 
 static pp_status open_gguf(struct pp_source *s)
@@ -124,7 +165,7 @@ pp_status pp__source_tensor(struct pp_source *s, const char *gguf_name, const st
     }
 #ifdef PP_HAVE_JANSSON
     char name[256];
-    if (!hf_name(gguf_name, name, sizeof(name)))
+    if (!hf_name(s->cfg.arch, gguf_name, name, sizeof(name)))
         return PP_ERR_NOT_FOUND;
     return pp_hf_tensor(s->hf, name, out);
 #else

@@ -26,7 +26,8 @@ struct pp_source {
 pp_status pp__source_open(const char *path, struct pp_source **out);
 void pp__source_free(struct pp_source *s);
 
-/* Looks up a tensor by GGUF name. PP_ERR_NOT_FOUND (without a message) when the model lacks it. */
+/* Looks up a tensor by GGUF name. PP_ERR_NOT_FOUND (without a message) when the model lacks it.
+ * HF MoE experts answer to the names of split GGUF files, blk.N.ffn_{gate,up,down}.E.weight. */
 pp_status pp__source_tensor(struct pp_source *s, const char *gguf_name, const struct pp_tensor **out);
 
 /* Calls fn for every tensor of the model (every shard of an HF checkpoint is mapped). */

@@ -17,12 +17,21 @@
 
 /* ---- spec (synth.c) ---- */
 
-enum pp__synth_arch { PP__SYNTH_LLAMA = 0, PP__SYNTH_MISTRAL, PP__SYNTH_QWEN2 };
+enum pp__synth_arch {
+    PP__SYNTH_LLAMA = 0,
+    PP__SYNTH_MISTRAL,
+    PP__SYNTH_QWEN2,
+    PP__SYNTH_MIXTRAL,
+    PP__SYNTH_QWEN2MOE
+};
 
 /* A spec with the arch defaults applied and head_dim filled in. */
 struct pp__synth_model {
-    struct pp_synth_spec s; /* resolved: qkv_bias 0/1, rope_theta, norm_eps, head_dim set */
+    struct pp_synth_spec s; /* resolved: qkv_bias 0/1, rope_theta, norm_eps, head_dim set, and
+                               expert_ffn_dim, shared_ffn_dim set for MoE */
     enum pp__synth_arch arch;
+    int moe;         /* mixtral or qwen2moe */
+    int gguf_llama;  /* GGUF architecture llama: q/k rows permuted */
 };
 
 /* Validates s and fills *m; PP_ERR_INVALID_ARG with a message otherwise. */
@@ -35,6 +44,7 @@ enum pp__synth_kind {
     PP__SYNTH_LINEAR, /* [out, in] weight: uniform +-sqrt(3/in) */
     PP__SYNTH_NORM,   /* RMSNorm weight: 1 + uniform +-0.2 */
     PP__SYNTH_BIAS,   /* q/k/v bias: uniform +-0.1 */
+    PP__SYNTH_GATE,   /* a [n] gate vector dotted with the hidden state: uniform +-sqrt(3/n) */
 };
 
 struct pp__synth_tensor {
@@ -44,9 +54,14 @@ struct pp__synth_tensor {
     int n_dims;         /* 1 or 2 */
     int64_t shape[2];   /* numpy order: [rows, cols] or [n] */
     int32_t perm_heads; /* GGUF llama: rows (or elements) permuted in this many heads; 0 = none */
+    int32_t expert;     /* -1, or the expert of an [n_experts, rows, cols] GGUF tensor (gguf_name)
+                           that this HF tensor is; experts of one role follow each other */
+    int32_t n_experts;  /* experts in that GGUF tensor */
+    int hf_row;         /* 1-D here and in GGUF, [1, n] in HF */
 };
 
-/* Number of tensors of the model (HF = GGUF, not counting GGUF's rope_freqs.weight). */
+/* Number of tensors of the model in the HF layout (GGUF has one 3-D tensor per expert role where
+ * HF has one per expert, and rope_freqs.weight). */
 int64_t pp__synth_tensor_count(const struct pp__synth_model *m);
 /* The i-th tensor in file order: embedding, then per layer, then final norm, then lm head. */
 void pp__synth_tensor_get(const struct pp__synth_model *m, int64_t i, struct pp__synth_tensor *t);

@@ -16,19 +16,23 @@
 #define MAX_VOCAB (1 << 21)
 #define MAX_CONTEXT (1 << 24)
 #define MIN_VOCAB 300 /* specials + bytes + the corpus characters, with room to spare */
+#define MAX_EXPERTS 1024
 
 struct shape {
     const char *name;
     int32_t dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, max_context;
     enum pp_dtype dtype;
     int rope_llama3;
+    const char *arch;
+    int32_t n_experts, n_experts_used;
 };
 
 static const struct shape shapes[] = {
-    {"tinyllama", 2048, 22, 32, 4, 5632, 32000, 2048, PP_DTYPE_F16, 0},
-    {"demo", 256, 4, 8, 2, 688, 1024, 1024, PP_DTYPE_F32, 0},
-    {"tiny", 64, 2, 4, 2, 160, 300, 256, PP_DTYPE_F32, 0},
-    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, PP_DTYPE_BF16, 1},
+    {"tinyllama", 2048, 22, 32, 4, 5632, 32000, 2048, PP_DTYPE_F16, 0, "llama", 0, 0},
+    {"demo", 256, 4, 8, 2, 688, 1024, 1024, PP_DTYPE_F32, 0, "llama", 0, 0},
+    {"tiny", 64, 2, 4, 2, 160, 300, 256, PP_DTYPE_F32, 0, "llama", 0, 0},
+    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, PP_DTYPE_BF16, 1, "llama", 0, 0},
+    {"tiny-moe", 64, 2, 4, 2, 64, 300, 256, PP_DTYPE_F32, 0, "mixtral", 4, 2},
 };
 
 #define N_SHAPES (sizeof(shapes) / sizeof(shapes[0]))
@@ -58,6 +62,9 @@ pp_status pp_synth_shape(const char *name, struct pp_synth_spec *out)
             out->max_context = sh->max_context;
             out->dtype = sh->dtype;
             out->rope_llama3 = sh->rope_llama3;
+            snprintf(out->arch, sizeof(out->arch), "%s", sh->arch);
+            out->n_experts = sh->n_experts;
+            out->n_experts_used = sh->n_experts_used;
             return PP_OK;
         }
     }
@@ -87,20 +94,21 @@ static pp_status check_range(const char *field, int64_t v, int64_t lo, int64_t h
 
 static pp_status parse_arch(const struct pp_synth_spec *s, enum pp__synth_arch *arch)
 {
-    static const char *const names[] = {"llama", "mistral", "qwen2"};
+    static const char *const names[] = {"llama", "mistral", "qwen2", "mixtral", "qwen2moe"};
     if (memchr(s->arch, '\0', sizeof(s->arch)) == NULL)
         return pp_error(PP_ERR_INVALID_ARG,
                         "synth spec: arch: expected a NUL-terminated name, "
                         "got %d bytes without one",
                         (int)sizeof(s->arch));
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         if (strcmp(s->arch, names[i]) == 0) {
             *arch = (enum pp__synth_arch)i;
             return PP_OK;
         }
     }
     return pp_error(PP_ERR_INVALID_ARG,
-                    "synth spec: arch: expected one of llama, mistral, qwen2, got \"%s\"", s->arch);
+                    "synth spec: arch: expected one of llama, mistral, qwen2, mixtral, "
+                    "qwen2moe, got \"%s\"", s->arch);
 }
 
 /* The sizes, each on its own; relations between them come after. */
@@ -160,6 +168,49 @@ static pp_status check_q8_0(const struct pp_synth_spec *s, int32_t hd)
     return PP_OK;
 }
 
+/* The MoE fields: only for mixtral and qwen2moe, and resolved there (defaults filled in). */
+static pp_status check_moe(struct pp__synth_model *m)
+{
+    struct pp_synth_spec *r = &m->s;
+    char expected[96];
+    pp_status st;
+    if (!m->moe) {
+        const struct {
+            const char *name;
+            int64_t v;
+        } fields[] = {{"n_experts", r->n_experts},           {"n_experts_used", r->n_experts_used},
+                      {"expert_ffn_dim", r->expert_ffn_dim}, {"shared_ffn_dim", r->shared_ffn_dim},
+                      {"norm_topk_prob", r->norm_topk_prob}};
+        snprintf(expected, sizeof(expected), "0 for arch %s (only mixtral and qwen2moe have "
+                 "experts)", r->arch);
+        for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+            if (fields[i].v != 0)
+                return bad(fields[i].name, expected, fields[i].v);
+        return PP_OK;
+    }
+    int mixtral = m->arch == PP__SYNTH_MIXTRAL;
+    if ((st = check_range("n_experts", r->n_experts, 1, MAX_EXPERTS)) ||
+        (st = check_range("n_experts_used", r->n_experts_used, 1, r->n_experts)) ||
+        (st = check_range("expert_ffn_dim", r->expert_ffn_dim, 0, MAX_FFN)) ||
+        (st = check_range("shared_ffn_dim", r->shared_ffn_dim, 0, mixtral ? 0 : MAX_FFN)) ||
+        (st = check_range("norm_topk_prob", r->norm_topk_prob, 0, mixtral ? 0 : 1)))
+        return st;
+    if (mixtral && r->expert_ffn_dim != 0 && r->expert_ffn_dim != r->ffn_dim) {
+        snprintf(expected, sizeof(expected), "0 or ffn_dim %d for mixtral (its experts are "
+                 "intermediate_size wide)", r->ffn_dim);
+        return bad("expert_ffn_dim", expected, r->expert_ffn_dim);
+    }
+    if (!r->expert_ffn_dim)
+        r->expert_ffn_dim = r->ffn_dim;
+    if (!mixtral && !r->shared_ffn_dim)
+        r->shared_ffn_dim = r->ffn_dim;
+    if (r->dtype == PP_DTYPE_Q8_0 && r->expert_ffn_dim % PP_Q8_0_BLOCK)
+        return bad("expert_ffn_dim", "a multiple of 32 for q8_0", r->expert_ffn_dim);
+    if (r->dtype == PP_DTYPE_Q8_0 && r->shared_ffn_dim % PP_Q8_0_BLOCK)
+        return bad("shared_ffn_dim", "a multiple of 32 for q8_0", r->shared_ffn_dim);
+    return PP_OK;
+}
+
 static pp_status check_floats(const struct pp__synth_model *m)
 {
     const struct pp_synth_spec *r = &m->s;
@@ -189,14 +240,19 @@ pp_status pp__synth_resolve(const struct pp_synth_spec *s, struct pp__synth_mode
     r->head_dim = s->head_dim ? s->head_dim : s->dim / s->n_heads;
     if ((st = check_q8_0(s, r->head_dim)))
         return st;
+    m->moe = m->arch == PP__SYNTH_MIXTRAL || m->arch == PP__SYNTH_QWEN2MOE;
+    m->gguf_llama = m->arch != PP__SYNTH_QWEN2 && m->arch != PP__SYNTH_QWEN2MOE;
+    int qwen = !m->gguf_llama;
+    if ((st = check_moe(m)))
+        return st;
     if (r->qkv_bias < 0)
-        r->qkv_bias = m->arch == PP__SYNTH_QWEN2;
+        r->qkv_bias = qwen;
     r->tied = s->tied != 0;
     r->rope_llama3 = s->rope_llama3 != 0;
     if (r->rope_theta == 0.0f)
         r->rope_theta = r->rope_llama3 ? 500000.0f : 10000.0f;
     if (r->norm_eps == 0.0f)
-        r->norm_eps = m->arch == PP__SYNTH_QWEN2 ? 1e-6f : 1e-5f;
+        r->norm_eps = qwen ? 1e-6f : 1e-5f;
     if ((st = check_floats(m)))
         return st;
     if (s->sliding_window != 0 && m->arch != PP__SYNTH_MISTRAL)

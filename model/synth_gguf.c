@@ -1,7 +1,9 @@
 /* pp_synth_write_gguf: the synthetic model as one GGUF v3 file, with the metadata keys and tensor
  * names of llama.cpp's converters. Architecture "llama" (also for mistral, as the converters do,
- * with `llama.attention.sliding_window` added when set) stores q/k rows permuted for the
- * interleaved RoPE; "qwen2" stores them as HF does. 1-D tensors are F32 whatever the dtype. */
+ * with `llama.attention.sliding_window` added when set, and for mixtral, with the expert keys)
+ * stores q/k rows permuted for the interleaved RoPE; "qwen2" and "qwen2moe" store them as HF does.
+ * 1-D tensors are F32 whatever the dtype. Each expert role is one 3-D tensor
+ * [n_experts, rows, cols] whose slices hold the values of the HF per-expert tensors. */
 #include <stdio.h>
 #include <string.h>
 
@@ -25,7 +27,9 @@ static uint32_t file_type(enum pp_dtype t)
 static void add_model_keys(struct pp__gguf_writer *w, const struct pp__synth_model *m)
 {
     const struct pp_synth_spec *s = &m->s;
-    const char *a = m->arch == PP__SYNTH_QWEN2 ? "qwen2" : "llama";
+    const char *a = m->arch == PP__SYNTH_QWEN2 ? "qwen2"
+                    : m->arch == PP__SYNTH_QWEN2MOE ? "qwen2moe"
+                                                    : "llama";
     char key[96], name[128];
 #define KEY(suffix) (snprintf(key, sizeof(key), "%s.%s", a, suffix), key)
     snprintf(name, sizeof(name), "ppserve synth %s d%d l%d %s seed %llu", s->arch, s->dim,
@@ -48,6 +52,16 @@ static void add_model_keys(struct pp__gguf_writer *w, const struct pp__synth_mod
     pp__gguf_add_u32(w, KEY("vocab_size"), (uint32_t)s->vocab_size);
     if (s->sliding_window)
         pp__gguf_add_u32(w, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+    if (m->moe) {
+        pp__gguf_add_u32(w, KEY("expert_count"), (uint32_t)s->n_experts);
+        pp__gguf_add_u32(w, KEY("expert_used_count"), (uint32_t)s->n_experts_used);
+    }
+    if (m->arch == PP__SYNTH_QWEN2MOE) {
+        pp__gguf_add_u32(w, KEY("expert_feed_forward_length"), (uint32_t)s->expert_ffn_dim);
+        pp__gguf_add_u32(w, KEY("expert_shared_feed_forward_length"),
+                         (uint32_t)s->shared_ffn_dim);
+        pp__gguf_add_bool(w, KEY("expert_weights_norm"), s->norm_topk_prob);
+    }
 #undef KEY
 }
 
@@ -117,7 +131,15 @@ static pp_status declare_tensors(struct pp__gguf_writer *w, const struct pp__syn
         struct pp__synth_tensor t;
         pp__synth_tensor_get(m, i, &t);
         enum pp_dtype store = pp__synth_store_type(m, &t, 1);
-        if ((st = pp__gguf_add_tensor(w, t.gguf_name, t.n_dims, t.shape, store)))
+        if (t.expert > 0)
+            continue; /* inside the 3-D tensor declared at expert 0 */
+        if (t.expert == 0) {
+            int64_t shape[3] = {t.n_experts, t.shape[0], t.shape[1]};
+            st = pp__gguf_add_tensor(w, t.gguf_name, 3, shape, store);
+        } else {
+            st = pp__gguf_add_tensor(w, t.gguf_name, t.n_dims, t.shape, store);
+        }
+        if (st)
             return st;
     }
     return PP_OK;
@@ -145,8 +167,16 @@ static pp_status write_tensors(struct pp__gguf_writer *w, const struct pp__synth
     for (int64_t i = 0; i < count; i++) {
         struct pp__synth_tensor t;
         pp__synth_tensor_get(m, i, &t);
+        if (t.expert > 0)
+            continue; /* written with expert 0: the experts of a role follow each other */
         if ((st = pp__synth_emit(m, &t, 1, sink, w)))
             return st;
+        for (int32_t e = 1; t.expert == 0 && e < t.n_experts; e++) {
+            struct pp__synth_tensor te;
+            pp__synth_tensor_get(m, i + e, &te);
+            if ((st = pp__synth_emit(m, &te, 1, sink, w)))
+                return st;
+        }
     }
     return PP_OK;
 }

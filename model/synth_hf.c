@@ -90,8 +90,10 @@ static pp_status write_shard(const struct pp__synth_model *m, const char *dir,
     for (int64_t i = 0; i < n && !st; i++) {
         struct pp__synth_tensor t;
         pp__synth_tensor_get(m, i, &t);
+        int64_t row[2] = {1, t.shape[0]}; /* a vector HF stores as [1, n] */
         if (shard_of[i] == shard)
-            st = pp__st_add(&w, t.hf_name, pp__synth_store_type(m, &t, 0), t.n_dims, t.shape);
+            st = pp__st_add(&w, t.hf_name, pp__synth_store_type(m, &t, 0), t.hf_row ? 2 : t.n_dims,
+                            t.hf_row ? row : t.shape);
     }
     if (!st)
         st = pp__st_begin(&w, path);

@@ -22,10 +22,12 @@ static const char *torch_dtype(enum pp_dtype t)
 pp_status pp__synth_hf_config(const struct pp__synth_model *m, struct pp_buf *b)
 {
     static const char *const classes[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                          "Qwen2ForCausalLM"};
+                                          "Qwen2ForCausalLM", "MixtralForCausalLM",
+                                          "Qwen2MoeForCausalLM"};
+    static const char *const model_types[] = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"};
     const struct pp_synth_spec *s = &m->s;
     pp_buf_printf(b, "{\n  \"architectures\": [\"%s\"],\n", classes[m->arch]);
-    pp_buf_printf(b, "  \"model_type\": \"%s\",\n", s->arch);
+    pp_buf_printf(b, "  \"model_type\": \"%s\",\n", model_types[m->arch]);
     pp_buf_puts(b, "  \"hidden_act\": \"silu\",\n");
     pp_buf_printf(b, "  \"hidden_size\": %d,\n", s->dim);
     pp_buf_printf(b, "  \"intermediate_size\": %d,\n", s->ffn_dim);
@@ -51,6 +53,16 @@ pp_status pp__synth_hf_config(const struct pp__synth_model *m, struct pp_buf *b)
         else
             pp_buf_puts(b, ",\n  \"sliding_window\": null");
     }
+    if (m->arch == PP__SYNTH_MIXTRAL)
+        pp_buf_printf(b, ",\n  \"sliding_window\": null,\n  \"num_local_experts\": %d,\n"
+                      "  \"num_experts_per_tok\": %d", s->n_experts, s->n_experts_used);
+    if (m->arch == PP__SYNTH_QWEN2MOE)
+        pp_buf_printf(b, ",\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n"
+                      "  \"moe_intermediate_size\": %d,\n  \"shared_expert_intermediate_size\": %d,\n"
+                      "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
+                      "  \"mlp_only_layers\": [],\n  \"use_sliding_window\": false",
+                      s->n_experts, s->n_experts_used, s->expert_ffn_dim, s->shared_ffn_dim,
+                      s->norm_topk_prob ? "true" : "false");
     pp_buf_printf(b, ",\n  \"tie_word_embeddings\": %s", s->tied ? "true" : "false");
     int32_t bos, eos;
     pp__synth_vocab_specials(s->tokenizer, &bos, &eos);

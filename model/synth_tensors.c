@@ -7,10 +7,24 @@
 
 #include "model/synth-impl.h"
 
-/* Per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, ffn_norm, gate, up, down. */
+/* Per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, ffn_norm, then the FFN. */
+static int64_t attn_slots(const struct pp__synth_model *m)
+{
+    return m->s.qkv_bias ? 9 : 6;
+}
+
+/* Dense FFN: gate, up, down. MoE: router, every expert's gate, then up, then down, then the shared
+ * expert's gate, up, down and gate vector when there is one. */
+static int64_t ffn_slots(const struct pp__synth_model *m)
+{
+    if (!m->moe)
+        return 3;
+    return 1 + 3 * (int64_t)m->s.n_experts + (m->s.shared_ffn_dim ? 4 : 0);
+}
+
 static int64_t per_layer(const struct pp__synth_model *m)
 {
-    return m->s.qkv_bias ? 12 : 9;
+    return attn_slots(m) + ffn_slots(m);
 }
 
 int64_t pp__synth_tensor_count(const struct pp__synth_model *m)
@@ -30,6 +44,63 @@ static void set(struct pp__synth_tensor *t, enum pp__synth_kind kind, int64_t ro
     t->shape[0] = rows;
     t->shape[1] = cols;
     t->perm_heads = 0;
+    t->expert = -1;
+    t->n_experts = 0;
+    t->hf_row = 0;
+}
+
+/* MoE FFN slot j (0 = router) of a layer. */
+static void moe_tensor(const struct pp__synth_model *m, int64_t layer, int64_t j,
+                       struct pp__synth_tensor *t)
+{
+    static const char *const roles[3][3] = {
+        /* GGUF, mixtral, qwen2moe */
+        {"ffn_gate", "w1", "gate_proj"},
+        {"ffn_up", "w3", "up_proj"},
+        {"ffn_down", "w2", "down_proj"},
+    };
+    static const char *const shared[4][2] = {
+        {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
+        {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
+        {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
+        {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"},
+    };
+    const struct pp_synth_spec *s = &m->s;
+    int mixtral = m->arch == PP__SYNTH_MIXTRAL;
+    int64_t n = s->n_experts, L = layer;
+    if (j == 0) {
+        set(t, PP__SYNTH_LINEAR, n, s->dim);
+        snprintf(t->hf_name, sizeof(t->hf_name), "model.layers.%lld.%s", (long long)L,
+                 mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+        snprintf(t->gguf_name, sizeof(t->gguf_name), "blk.%lld.ffn_gate_inp.weight", (long long)L);
+        return;
+    }
+    if (j <= 3 * n) {
+        int64_t role = (j - 1) / n, e = (j - 1) % n;
+        if (role < 2)
+            set(t, PP__SYNTH_LINEAR, s->expert_ffn_dim, s->dim);
+        else
+            set(t, PP__SYNTH_LINEAR, s->dim, s->expert_ffn_dim);
+        t->expert = (int32_t)e;
+        t->n_experts = (int32_t)n;
+        snprintf(t->hf_name, sizeof(t->hf_name), "model.layers.%lld.%s.experts.%lld.%s.weight",
+                 (long long)L, mixtral ? "block_sparse_moe" : "mlp", (long long)e,
+                 roles[role][mixtral ? 1 : 2]);
+        snprintf(t->gguf_name, sizeof(t->gguf_name), "blk.%lld.%s_exps.weight", (long long)L,
+                 roles[role][0]);
+        return;
+    }
+    int64_t k = j - 1 - 3 * n;
+    if (k < 2)
+        set(t, PP__SYNTH_LINEAR, s->shared_ffn_dim, s->dim);
+    else if (k == 2)
+        set(t, PP__SYNTH_LINEAR, s->dim, s->shared_ffn_dim);
+    else {
+        set(t, PP__SYNTH_GATE, s->dim, 0);
+        t->hf_row = 1;
+    }
+    snprintf(t->hf_name, sizeof(t->hf_name), "model.layers.%lld.%s", (long long)L, shared[k][1]);
+    snprintf(t->gguf_name, sizeof(t->gguf_name), "blk.%lld.%s", (long long)L, shared[k][0]);
 }
 
 /* Slot j of a layer: its HF suffix, GGUF suffix and shape. */
@@ -39,9 +110,13 @@ static void layer_tensor(const struct pp__synth_model *m, int64_t layer, int64_t
     const struct pp_synth_spec *s = &m->s;
     int64_t q_dim = (int64_t)s->n_heads * s->head_dim;
     int64_t kv_dim = (int64_t)s->n_kv_heads * s->head_dim;
-    int llama = m->arch != PP__SYNTH_QWEN2; /* GGUF arch llama: q/k permuted */
+    int llama = m->gguf_llama; /* GGUF arch llama: q/k permuted */
     static const int8_t no_bias_slot[9] = {0, 1, 3, 5, 7, 8, 9, 10, 11}; /* skips 2, 4, 6 */
     const char *hf, *gg;
+    if (m->moe && j >= attn_slots(m)) {
+        moe_tensor(m, layer, j - attn_slots(m), t);
+        return;
+    }
     if (!s->qkv_bias)
         j = no_bias_slot[j];
     switch (j) {

@@ -34,7 +34,9 @@ void pp__synth_values(uint64_t seed, const struct pp__synth_tensor *t, int64_t f
 {
     uint64_t key = fmix64(seed + GAMMA) ^ fmix64(fnv1a64(t->hf_name) + 2 * GAMMA);
     /* variance 1/in per linear weight keeps activations O(1); sqrtf is correctly rounded */
-    float scale = t->kind == PP__SYNTH_LINEAR ? sqrtf(3.0f / (float)t->shape[1]) : 1.0f;
+    float scale = t->kind == PP__SYNTH_LINEAR ? sqrtf(3.0f / (float)t->shape[1])
+                  : t->kind == PP__SYNTH_GATE ? sqrtf(3.0f / (float)t->shape[0])
+                                              : 1.0f;
     for (int64_t i = 0; i < n; i++) {
         uint64_t u = fmix64(key + (uint64_t)(first + i) * GAMMA);
         /* 24 random bits -> a uniform value in [-1, 1), exact in f32 */
@@ -46,6 +48,7 @@ void pp__synth_values(uint64_t seed, const struct pp__synth_tensor *t, int64_t f
             out[i] = x;
             break;
         case PP__SYNTH_LINEAR:
+        case PP__SYNTH_GATE:
             out[i] = x * scale;
             break;
         case PP__SYNTH_NORM:

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Float64 numpy reference for the Hugging Face forward pass of dense Llama-family decoders.
+"""Float64 numpy reference for the Hugging Face forward pass of Llama-family decoders, dense and
+Mixture-of-Experts (Mixtral, Qwen2-MoE; the MoE FFN lives in moe_ref.py).
 
 ppserve's outputs are checked against this. It is deliberately independent of the C engine
 (own file readers, written from the specs and the HF math) and deliberately simple: the whole
 sequence is recomputed every step with no KV cache, and everything is float64, so that when the
 two disagree the suspect is the engine, not the reference.
 
-Supported: HF model_type llama / mistral / qwen2 (config.json + safetensors), GGUF
-general.architecture llama / qwen2. GGUF `llama` stores q/k rows permuted for the adjacent-pair
+Supported: HF model_type llama / mistral / qwen2 / mixtral / qwen2_moe (config.json +
+safetensors), GGUF general.architecture llama (with expert_count: Mixtral) / qwen2 / qwen2moe. GGUF `llama` stores q/k rows permuted for the adjacent-pair
 RoPE layout; we undo that and always apply HF's rotate-half RoPE, which checks the engine's
 handling of both layouts against one ground truth.
 
@@ -27,6 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_reader import GGUFError, GGUFFile  # noqa: E402
 from safetensors_reader import SafetensorsError, SafetensorsModel  # noqa: E402
+import moe_ref  # noqa: E402
 
 
 class ModelError(Exception):
@@ -146,7 +148,9 @@ class LlamaRef:
         expect("lm head", self.lm_head, (self.vocab_size, D))
         expect("final norm", self.final_norm, (D,))
         for i, L in enumerate(self.layers):
-            F = L["wg"].shape[0]
+            if L.get("moe") is not None:
+                moe_ref.check_shapes(i, L["moe"], D)
+            F = L["wg"].shape[0] if L.get("wg") is not None else 0
             for role, shape in (("attn_norm", (D,)), ("ffn_norm", (D,)),
                                 ("wq", (H * hd, D)), ("wk", (KV * hd, D)), ("wv", (KV * hd, D)),
                                 ("wo", (D, H * hd)), ("wg", (F, D)), ("wu", (F, D)),
@@ -193,6 +197,9 @@ class LlamaRef:
             x = x + linear(attn, L["wo"], L["bo"])
 
             h = rmsnorm(x, L["ffn_norm"], c.eps)
+            if L.get("moe") is not None:
+                x = x + moe_ref.moe_ffn(h, L["moe"])
+                continue
             gate = linear(h, L["wg"], L["bg"])
             up = linear(h, L["wu"], L["bu"])
             x = x + linear(silu(gate) * up, L["wd"], L["bd"])
@@ -247,9 +254,9 @@ def load_hf(path):
         hc = json.load(f)
 
     model_type = hc.get("model_type")
-    if model_type not in ("llama", "mistral", "qwen2"):
+    if model_type not in ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe"):
         raise ModelError(f"unsupported architecture: HF model_type {model_type!r} "
-                         f"(supported: llama, mistral, qwen2)")
+                         f"(supported: llama, mistral, qwen2, mixtral, qwen2_moe)")
     act = hc.get("hidden_act", "silu")
     if act != "silu":
         raise ModelError(f"unsupported hidden_act {act!r} (only silu)")
@@ -282,10 +289,11 @@ def load_hf(path):
             raise ModelError(f"unsupported rope_scaling type {rtype!r} (only llama3)")
 
     window = None
-    if model_type == "mistral" and hc.get("sliding_window") is not None:
+    if model_type in ("mistral", "mixtral") and hc.get("sliding_window") is not None:
         window = int(hc["sliding_window"])
-    if model_type == "qwen2" and hc.get("use_sliding_window"):
-        raise ModelError("qwen2 use_sliding_window=true is not supported")
+    if model_type in ("qwen2", "qwen2_moe") and hc.get("use_sliding_window"):
+        raise ModelError(f"{model_type} use_sliding_window=true is not supported")
+    moe = moe_ref.hf_moe_config(hc, model_type, cfg_path, key)
 
     cfg = Config(arch=model_type, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
                  head_dim=head_dim, eps=eps, inv_freq=inv_freq, sliding_window=window)
@@ -307,13 +315,17 @@ def load_hf(path):
         }
         for role, name in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
             L["w" + role] = src.req(f"{p}self_attn.{name}.weight")
-            if model_type == "qwen2" and role != "o":
+            if model_type in ("qwen2", "qwen2_moe") and role != "o":
                 L["b" + role] = src.req(f"{p}self_attn.{name}.bias")
             else:
                 L["b" + role] = src.opt(f"{p}self_attn.{name}.bias")
         for role, name in (("g", "gate_proj"), ("u", "up_proj"), ("d", "down_proj")):
+            if moe is not None:
+                L["w" + role] = L["b" + role] = None
+                continue
             L["w" + role] = src.req(f"{p}mlp.{name}.weight")
             L["b" + role] = src.opt(f"{p}mlp.{name}.bias")
+        L["moe"] = moe_ref.hf_moe_layer(src, i, moe) if moe is not None else None
         layers.append(L)
     return LlamaRef(cfg, embed, final_norm, lm_head, layers)
 
@@ -322,9 +334,9 @@ def load_gguf(path):
     g = GGUFFile(path)
     md = g.metadata
     arch = md.get("general.architecture")
-    if arch not in ("llama", "qwen2"):
+    if arch not in ("llama", "qwen2", "qwen2moe"):
         raise ModelError(f"unsupported architecture: GGUF general.architecture {arch!r} "
-                         f"(supported: llama, qwen2)")
+                         f"(supported: llama, qwen2, qwen2moe)")
 
     missing = object()
 
@@ -379,6 +391,7 @@ def load_gguf(path):
         lm_head = embed
 
     permuted = arch == "llama"
+    moe = moe_ref.gguf_moe_config(key, arch)
     layers = []
     for i in range(n_layers):
         p = f"blk.{i}."
@@ -387,8 +400,11 @@ def load_gguf(path):
         for role, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"),
                            ("o", "attn_output"), ("g", "ffn_gate"), ("u", "ffn_up"),
                            ("d", "ffn_down")):
+            if moe is not None and role in "gud":
+                L["w" + role] = L["b" + role] = None
+                continue
             L["w" + role] = src.req(f"{p}{name}.weight")
-            if arch == "qwen2" and role in "qkv":
+            if arch in ("qwen2", "qwen2moe") and role in "qkv":
                 L["b" + role] = src.req(f"{p}{name}.bias")
             else:
                 L["b" + role] = src.opt(f"{p}{name}.bias")
@@ -397,6 +413,7 @@ def load_gguf(path):
                 L["w" + role] = unpermute_rows(L["w" + role], n)
                 if L["b" + role] is not None:
                     L["b" + role] = unpermute_rows(L["b" + role], n)
+        L["moe"] = moe_ref.gguf_moe_layer(src, i, moe) if moe is not None else None
         layers.append(L)
     return LlamaRef(cfg, embed, final_norm, lm_head, layers)
 
@@ -458,7 +475,8 @@ def main(argv=None):
             with open(args.dump_logits, "wb") as f:
                 for row in rows:
                     f.write(np.asarray(row, dtype="<f4").tobytes())
-    except (ModelError, GGUFError, SafetensorsError, OSError, json.JSONDecodeError) as e:
+    except (ModelError, moe_ref.MoEError, GGUFError, SafetensorsError, OSError,
+            json.JSONDecodeError) as e:
         print(f"llama_ref: error: {e}", file=sys.stderr)
         return 2
 
