@@ -5,7 +5,8 @@
  *
  * Dense model (default: the tinyllama-shaped f16 GGUF that pp_bench uses) in three layouts,
  * interleaved round by round so a busy neighbour slows all of them alike: TP 1 on one thread, TP 1
- * on two threads (the kernels' own threading), TP 2 on two threads (two workers of one thread each).
+ * on two threads (the kernels' own threading), TP 2 on two threads (two workers of one thread
+ * each).
  * For each: prefill tokens/s of one prompt (best pass), greedy decode tokens/s (median step), and
  * bytes all-reduced per token. Prints TP 2 against TP 1 on one core (the goal: prefill >= 1.6x).
  *

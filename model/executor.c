@@ -1,7 +1,7 @@
 /* The layer-range executor: batch validation, KV bookkeeping, windows of rows, and the workers that
  * run each window (executor_layer.c). Scratch buffers are sized once for max_batch_tokens rows;
- * larger batches run in windows, which changes nothing in any token's arithmetic. With W > 1 workers
- * the window runs on a pool of W threads (the caller is worker 0), one per worker. */
+ * larger batches run in windows, which changes nothing in any token's arithmetic. With W > 1
+ * workers the window runs on a pool of W threads (the caller is worker 0), one per worker. */
 #include "model/executor.h"
 
 #include <math.h>
@@ -110,7 +110,8 @@ pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *c
     int32_t kv_dim = kv_heads_each * c->head_dim;
     int64_t block_bytes = pp_kv_block_bytes(n_layers, kv_dim, o.kv_block_size);
     if (o.kv_budget_bytes <= 0) {
-        int64_t blocks = (int64_t)o.max_seqs * ((o.max_context + o.kv_block_size - 1) / o.kv_block_size);
+        int64_t per_seq = (o.max_context + o.kv_block_size - 1) / o.kv_block_size;
+        int64_t blocks = (int64_t)o.max_seqs * per_seq;
         o.kv_budget_bytes = blocks * block_bytes * n_workers;
         if (o.kv_budget_bytes > ((int64_t)1 << 30))
             o.kv_budget_bytes = (int64_t)1 << 30;
@@ -345,7 +346,7 @@ int32_t pp_executor_workers(const struct pp_executor *ex)
 
 int64_t pp_executor_bytes_reduced(const struct pp_executor *ex)
 {
-    return ex->comm ? ex->comm->bytes_reduced : 0;
+    return ex->comm ? __atomic_load_n(&ex->comm->bytes_reduced, __ATOMIC_RELAXED) : 0;
 }
 
 const int64_t *pp_executor_expert_tokens(const struct pp_executor *ex, int32_t layer)

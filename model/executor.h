@@ -78,7 +78,8 @@ int32_t pp_executor_max_context(const struct pp_executor *ex);
 const struct pp_model *pp_executor_model(const struct pp_executor *ex);
 int32_t pp_executor_workers(const struct pp_executor *ex);
 
-/* Bytes each worker has contributed to all-reduces since creation (0 with one worker). */
+/* Bytes each worker has contributed to all-reduces since creation (0 with one worker). Safe to call
+ * from another thread while a forward runs. */
 int64_t pp_executor_bytes_reduced(const struct pp_executor *ex);
 
 /* Tokens routed to each expert of a MoE layer ([n_experts], counted over every forward since the

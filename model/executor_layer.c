@@ -25,7 +25,8 @@ static void run_layer(struct pp_executor *ex, struct pp_exec_worker *w,
     struct pp_backend *be = w->be;
     const struct pp_backend_ops *op = be->ops;
     int64_t T = ex->rows;
-    int64_t q_dim = (int64_t)s->n_heads * c->head_dim, kv_dim = (int64_t)s->n_kv_heads * c->head_dim;
+    int64_t q_dim = (int64_t)s->n_heads * c->head_dim;
+    int64_t kv_dim = (int64_t)s->n_kv_heads * c->head_dim;
 
     op->rmsnorm(be, w->xb, w->x, lw->attn_norm, T, c->dim, c->norm_eps);
     op->matmul(be, w->q, w->xb, &lw->wq, T);

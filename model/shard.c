@@ -40,8 +40,8 @@ pp_status pp_shard_check(const struct pp_model_config *c, int32_t tp, int32_t ep
                         "(valid tp: %s)", source, tp, c->n_heads, ok);
     }
     if (c->n_kv_heads % tp != 0 && tp % c->n_kv_heads != 0)
-        return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d must divide the %d KV heads or be a multiple "
-                        "of them (so each worker's query heads read whole KV heads)", source, tp,
+        return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d must divide the %d KV heads or be a "
+                        "multiple of them (so each worker's query heads read whole KV heads)", source, tp,
                         c->n_kv_heads);
     if (c->ffn_dim > 0 && c->ffn_dim < tp)
         return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d exceeds the FFN size %d", source, tp,
@@ -61,8 +61,8 @@ pp_status pp_shard_check(const struct pp_model_config *c, int32_t tp, int32_t ep
                         tp);
     }
     if (c->expert_ffn_dim < tp / ep)
-        return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d / ep %d splits each expert %d ways, more than "
-                        "its %d FFN rows", source, tp, ep, tp / ep, c->expert_ffn_dim);
+        return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d / ep %d splits each expert %d ways, "
+                        "more than its %d FFN rows", source, tp, ep, tp / ep, c->expert_ffn_dim);
     if (c->shared_ffn_dim > 0 && c->shared_ffn_dim < tp)
         return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d exceeds the shared expert's %d FFN rows",
                         source, tp, c->shared_ffn_dim);

@@ -5,8 +5,8 @@
  * column slices are repacked at load into owned memory of the same dtype. The embedding is used
  * whole by every worker (a gather reads only the looked-up rows, and mapped pages are shared).
  *
- * MoE layers (expert parallelism): the router is whole on every worker; the experts are split into E
- * groups (ep), each group's experts tensor-split W / E ways as above (gate/up rows in place, down
+ * MoE layers (expert parallelism): the router is whole on every worker; the experts are split
+ * into E groups (ep), each group's experts tensor-split W / E ways as above (gate/up rows in place, down
  * columns repacked); the shared expert is split W ways. Each worker's MoE output is then a partial
  * sum, completed by the same all-reduce as a dense FFN.
  *

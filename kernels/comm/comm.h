@@ -41,7 +41,8 @@ struct pp_comm {
     const char *name; /* "cpu" or "nccl" */
     int n_ranks;
     /* Bytes each rank contributed to all-reduces and all-gathers since creation, counted by rank 0
-     * (the ranks contribute equally): what a network or NVLink would carry per rank. */
+     * (the ranks contribute equally). Updated with relaxed atomics: another thread may read them
+     * with __atomic_load_n. */
     int64_t bytes_reduced;
     int64_t bytes_gathered;
     void *impl;

@@ -91,7 +91,7 @@ static pp_status cpu_all_reduce_sum(struct pp_comm *pc, int rank, float *buf, in
 {
     struct cpu_comm *c = pc->impl;
     if (rank == 0)
-        pc->bytes_reduced += n * (int64_t)sizeof(float);
+        __atomic_fetch_add(&pc->bytes_reduced, n * (int64_t)sizeof(float), __ATOMIC_RELAXED);
     if (c->n == 1)
         return PP_OK;
     c->buf[rank] = buf;
@@ -114,11 +114,12 @@ static pp_status cpu_all_reduce_sum(struct pp_comm *pc, int rank, float *buf, in
     return PP_OK;
 }
 
-static pp_status cpu_all_gather(struct pp_comm *pc, int rank, const float *send, float *recv, int64_t n)
+static pp_status cpu_all_gather(struct pp_comm *pc, int rank, const float *send, float *recv,
+                                int64_t n)
 {
     struct cpu_comm *c = pc->impl;
     if (rank == 0)
-        pc->bytes_gathered += n * (int64_t)sizeof(float);
+        __atomic_fetch_add(&pc->bytes_gathered, n * (int64_t)sizeof(float), __ATOMIC_RELAXED);
     c->send[rank] = send;
     cpu_barrier(pc, rank);
     for (int r = 0; r < c->n; r++)

@@ -45,7 +45,7 @@ static pp_status nccl_all_reduce_sum(struct pp_comm *pc, int rank, float *buf, i
 {
     struct nccl_comm *c = impl(pc);
     if (rank == 0)
-        pc->bytes_reduced += n * (int64_t)sizeof(float);
+        __atomic_fetch_add(&pc->bytes_reduced, n * (int64_t)sizeof(float), __ATOMIC_RELAXED);
     CUDA_TRY(cudaSetDevice(c->devices[rank]));
     NCCL_TRY(ncclAllReduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, c->comms[rank],
                            c->streams[rank]));
@@ -57,7 +57,7 @@ static pp_status nccl_all_gather(struct pp_comm *pc, int rank, const float *send
 {
     struct nccl_comm *c = impl(pc);
     if (rank == 0)
-        pc->bytes_gathered += n * (int64_t)sizeof(float);
+        __atomic_fetch_add(&pc->bytes_gathered, n * (int64_t)sizeof(float), __ATOMIC_RELAXED);
     CUDA_TRY(cudaSetDevice(c->devices[rank]));
     NCCL_TRY(ncclAllGather(send, recv, (size_t)n, ncclFloat32, c->comms[rank], c->streams[rank]));
     return finish(c, rank);

@@ -1,7 +1,7 @@
 /* The CPU communicator (kernels/comm): all-reduce adds the ranks' values in rank order for every
  * element (bit-identical to a sequential sum, run after run), all-gather and broadcast move exactly
- * the ranks' bytes, the barrier holds every rank, for 1..5 ranks and sizes that are not multiples of
- * the 16-float slice unit. */
+ * the ranks' bytes, the barrier holds every rank, for 1..5 ranks and sizes that are not multiples
+ * of the 16-float slice unit. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
