@@ -440,6 +440,61 @@ static void m_dtype(struct pp_synth_spec *s)
     s->dtype = (enum pp_dtype)9;
 }
 
+static void moe(struct pp_synth_spec *s, const char *arch)
+{
+    strcpy(s->arch, arch);
+    s->n_experts = 4;
+    s->n_experts_used = 2;
+}
+static void m_moe_k(struct pp_synth_spec *s)
+{
+    moe(s, "mixtral");
+    s->n_experts_used = 5;
+}
+static void m_moe_k0(struct pp_synth_spec *s)
+{
+    moe(s, "qwen2moe");
+    s->n_experts_used = 0;
+}
+static void m_moe_n0(struct pp_synth_spec *s)
+{
+    moe(s, "qwen2moe");
+    s->n_experts = 0;
+}
+static void m_moe_dense(struct pp_synth_spec *s)
+{
+    s->n_experts = 4;
+}
+static void m_moe_mixtral_shared(struct pp_synth_spec *s)
+{
+    moe(s, "mixtral");
+    s->shared_ffn_dim = 64;
+}
+static void m_moe_mixtral_ffn(struct pp_synth_spec *s)
+{
+    moe(s, "mixtral");
+    s->expert_ffn_dim = 32;
+}
+static void m_moe_mixtral_norm(struct pp_synth_spec *s)
+{
+    moe(s, "mixtral");
+    s->norm_topk_prob = 1;
+}
+static void m_moe_q8(struct pp_synth_spec *s)
+{
+    moe(s, "qwen2moe");
+    s->dtype = PP_DTYPE_Q8_0;
+    s->ffn_dim = 64;
+    s->expert_ffn_dim = 48;
+}
+static void m_moe_q8_shared(struct pp_synth_spec *s)
+{
+    moe(s, "qwen2moe");
+    s->dtype = PP_DTYPE_Q8_0;
+    s->ffn_dim = 64;
+    s->shared_ffn_dim = 40;
+}
+
 static void test_validate_errors(void **state)
 {
     (void)state;
@@ -449,6 +504,10 @@ static void test_validate_errors(void **state)
         {"vocab_size", m_vocab}, {"arch", m_arch},          {"sliding_window", m_sw},
         {"shards", m_shards0},   {"shards", m_shards_many}, {"dim", m_dim0},
         {"max_context", m_ctx},  {"norm_eps", m_eps},       {"dtype", m_dtype},
+        {"n_experts_used", m_moe_k}, {"n_experts_used", m_moe_k0}, {"n_experts", m_moe_n0},
+        {"n_experts", m_moe_dense}, {"shared_ffn_dim", m_moe_mixtral_shared},
+        {"expert_ffn_dim", m_moe_mixtral_ffn}, {"norm_topk_prob", m_moe_mixtral_norm},
+        {"expert_ffn_dim", m_moe_q8}, {"shared_ffn_dim", m_moe_q8_shared},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct pp_synth_spec s;
@@ -466,6 +525,16 @@ static void test_validate_errors(void **state)
     strcpy(s.arch, "mistral");
     s.sliding_window = 128;
     s.shards = 21;
+    assert_int_equal(pp_synth_validate(&s), PP_OK);
+    /* both MoE archs with their defaults; the tiny-moe shape */
+    tiny(&s);
+    moe(&s, "qwen2moe");
+    s.norm_topk_prob = 1;
+    assert_int_equal(pp_synth_validate(&s), PP_OK);
+    tiny(&s);
+    moe(&s, "mixtral");
+    assert_int_equal(pp_synth_validate(&s), PP_OK);
+    assert_int_equal(pp_synth_shape("tiny-moe", &s), PP_OK);
     assert_int_equal(pp_synth_validate(&s), PP_OK);
 }
 

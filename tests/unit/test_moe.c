@@ -1,0 +1,437 @@
+/* Mixture-of-Experts models on one worker: a MoE sequence's logits are bit-identical whatever the
+ * thread count, the window and the other sequences in its batch; the expert token counts are the
+ * routed (token, expert) pairs, as recomputed from the router; experts split across two workers
+ * (expert_base) add up to the whole; bad MoE files are refused with messages that say what was
+ * expected and what arrived. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "model/executor.h"
+#include "model/model.h"
+#include "model/moe_ffn.h"
+#include "testutil.h"
+
+#define VOCAB 300
+#define DIM 64
+
+static char *dir;
+static char mix_gguf[600], qwen_gguf[600], qwen_hf[600], dense_gguf[600];
+
+static void moe_spec(struct pp_synth_spec *s, const char *arch, int32_t n, int32_t k)
+{
+    pp_test_small_spec(s);
+    strcpy(s->arch, arch);
+    s->n_experts = n;
+    s->n_experts_used = k;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    dir = pp_test_tmpdir();
+    struct pp_synth_spec s;
+    snprintf(mix_gguf, sizeof(mix_gguf), "%s/mix.gguf", dir);
+    snprintf(qwen_gguf, sizeof(qwen_gguf), "%s/qwen.gguf", dir);
+    snprintf(qwen_hf, sizeof(qwen_hf), "%s/qwen_hf", dir);
+    snprintf(dense_gguf, sizeof(dense_gguf), "%s/dense.gguf", dir);
+    moe_spec(&s, "mixtral", 6, 2);
+    s.dtype = PP_DTYPE_F16;
+    s.seed = 5;
+    if (pp_synth_write_gguf(&s, mix_gguf) != PP_OK)
+        return -1;
+    moe_spec(&s, "qwen2moe", 8, 3);
+    s.dtype = PP_DTYPE_Q8_0;
+    s.expert_ffn_dim = 32;
+    s.shared_ffn_dim = 64;
+    s.norm_topk_prob = 1;
+    s.seed = 9;
+    if (pp_synth_write_gguf(&s, qwen_gguf) != PP_OK)
+        return -1;
+    s.dtype = PP_DTYPE_F32;
+    s.norm_topk_prob = 0;
+    if (pp_synth_write_hf(&s, qwen_hf) != PP_OK)
+        return -1;
+    pp_test_small_spec(&s);
+    return pp_synth_write_gguf(&s, dense_gguf) == PP_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    pp_test_rmdir(dir);
+    return 0;
+}
+
+struct engine {
+    struct pp_model *m;
+    struct pp_backend *be;
+    struct pp_executor *ex;
+};
+
+static void engine_open(struct engine *e, const char *path, int32_t first, int32_t last,
+                        int threads, int32_t window)
+{
+    assert_int_equal(pp_model_open(path, first, last, &e->m), PP_OK);
+    assert_int_equal(pp_backend_cpu_new(threads, &e->be), PP_OK);
+    struct pp_executor_opts o = {0};
+    o.max_batch_tokens = window;
+    o.max_seqs = 8;
+    assert_int_equal(pp_executor_new(e->m, e->be, &o, &e->ex), PP_OK);
+}
+
+static void engine_close(struct engine *e)
+{
+    pp_executor_free(e->ex);
+    e->be->ops->free(e->be);
+    pp_model_free(e->m);
+}
+
+static const int32_t prompt_a[] = {1, 17, 200, 45, 99, 3, 150};
+static const int32_t prompt_b[] = {1, 250, 251, 252};
+static const int32_t prompt_c[] = {1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+
+/* Sequence A alone: prefill then 3 decode steps of a fixed continuation; 4 logit rows. */
+static void run_alone(struct engine *e, float *out)
+{
+    int32_t a[16];
+    memcpy(a, prompt_a, sizeof(prompt_a));
+    int32_t n = 7;
+    struct pp_exec_seq p = {1, 0, n, 1};
+    struct pp_exec_batch b = {1, &p, a, NULL};
+    assert_int_equal(pp_executor_forward(e->ex, &b, NULL, out), PP_OK);
+    for (int step = 1; step < 4; step++, n++) {
+        a[n] = (int32_t)((step * 37) % VOCAB);
+        struct pp_exec_seq d = {1, n, 1, 1};
+        struct pp_exec_batch bd = {1, &d, &a[n], NULL};
+        assert_int_equal(pp_executor_forward(e->ex, &bd, NULL, out + step * VOCAB), PP_OK);
+    }
+    pp_executor_release(e->ex, 1);
+}
+
+/* Sequence A's same steps inside batches with B and C, which route their tokens elsewhere. */
+static void run_in_batch(struct engine *e, float *out_a)
+{
+    int32_t a[16], toks[16];
+    memcpy(a, prompt_a, sizeof(prompt_a));
+    float *logits = malloc(sizeof(float) * VOCAB * 3);
+    struct pp_exec_seq pc = {3, 0, 11, 1};
+    struct pp_exec_batch bc = {1, &pc, prompt_c, NULL};
+    assert_int_equal(pp_executor_forward(e->ex, &bc, NULL, logits), PP_OK);
+    memcpy(toks, prompt_b, sizeof(prompt_b));
+    memcpy(toks + 4, prompt_a, sizeof(prompt_a));
+    toks[11] = 33;
+    struct pp_exec_seq parts[3] = {{2, 0, 4, 1}, {1, 0, 7, 1}, {3, 11, 1, 1}};
+    struct pp_exec_batch b = {3, parts, toks, NULL};
+    assert_int_equal(pp_executor_forward(e->ex, &b, NULL, logits), PP_OK);
+    memcpy(out_a, logits + VOCAB, sizeof(float) * VOCAB);
+    int32_t n = 7;
+    for (int step = 1; step < 4; step++, n++) {
+        a[n] = (int32_t)((step * 37) % VOCAB);
+        int32_t t[3] = {40, a[n], 41};
+        struct pp_exec_seq p[3] = {{3, 11 + step, 1, 1}, {1, n, 1, 1}, {2, 3 + step, 1, 0}};
+        struct pp_exec_batch bb = {3, p, t, NULL};
+        assert_int_equal(pp_executor_forward(e->ex, &bb, NULL, logits), PP_OK);
+        memcpy(out_a + step * VOCAB, logits + VOCAB, sizeof(float) * VOCAB);
+    }
+    for (uint64_t id = 1; id <= 3; id++)
+        pp_executor_release(e->ex, id);
+    free(logits);
+}
+
+static void check_invariance(const char *path)
+{
+    float ref[4 * VOCAB], got[4 * VOCAB];
+    struct engine e;
+    engine_open(&e, path, 0, -1, 1, 256);
+    run_alone(&e, ref);
+    engine_close(&e);
+    for (int threads = 1; threads <= 4; threads++) {
+        for (int32_t window = 1; window <= 256; window *= 16) {
+            engine_open(&e, path, 0, -1, threads, window);
+            run_alone(&e, got);
+            assert_memory_equal(ref, got, sizeof(ref));
+            run_in_batch(&e, got);
+            assert_memory_equal(ref, got, sizeof(ref));
+            engine_close(&e);
+        }
+    }
+}
+
+static void test_batch_and_threads_bit_identical(void **state)
+{
+    (void)state;
+    check_invariance(mix_gguf);
+    check_invariance(qwen_gguf);
+    check_invariance(qwen_hf);
+}
+
+/* Every forward adds n_tokens × k routed pairs per layer; a later range counts its own layers. */
+static void test_expert_token_counts(void **state)
+{
+    (void)state;
+    struct engine e, tail;
+    engine_open(&e, mix_gguf, 0, -1, 2, 4);
+    engine_open(&tail, mix_gguf, 1, -1, 1, 256);
+    float logits[VOCAB], hidden[7 * DIM];
+    struct pp_exec_seq p = {1, 0, 7, 1};
+    struct pp_exec_batch b = {1, &p, prompt_a, NULL};
+    assert_int_equal(pp_executor_forward(e.ex, &b, NULL, logits), PP_OK);
+    int32_t next = 5;
+    struct pp_exec_seq d = {1, 7, 1, 1};
+    struct pp_exec_batch bd = {1, &d, &next, NULL};
+    assert_int_equal(pp_executor_forward(e.ex, &bd, NULL, logits), PP_OK);
+    for (int32_t l = 0; l < 3; l++) {
+        const int64_t *c = pp_executor_expert_tokens(e.ex, l);
+        assert_non_null(c);
+        int64_t sum = 0;
+        for (int32_t x = 0; x < 6; x++)
+            sum += c[x];
+        assert_int_equal(sum, 8 * 2);
+    }
+    assert_null(pp_executor_expert_tokens(e.ex, 3));
+    assert_null(pp_executor_expert_tokens(e.ex, -1));
+    /* the range [1, 3) fed layer 0's output counts what the full range counted for layers 1, 2 */
+    struct engine head;
+    engine_open(&head, mix_gguf, 0, 1, 1, 256);
+    struct pp_exec_seq ph = {2, 0, 7, 1};
+    struct pp_exec_batch bh = {1, &ph, prompt_a, NULL};
+    assert_int_equal(pp_executor_forward(head.ex, &bh, hidden, NULL), PP_OK);
+    struct pp_exec_batch bt = {1, &ph, NULL, hidden};
+    assert_int_equal(pp_executor_forward(tail.ex, &bt, NULL, logits), PP_OK);
+    struct engine once;
+    engine_open(&once, mix_gguf, 0, -1, 3, 256);
+    assert_int_equal(pp_executor_forward(once.ex, &b, NULL, logits), PP_OK);
+    assert_memory_equal(pp_executor_expert_tokens(once.ex, 1), pp_executor_expert_tokens(tail.ex, 0),
+                        6 * sizeof(int64_t));
+    assert_memory_equal(pp_executor_expert_tokens(once.ex, 0), pp_executor_expert_tokens(head.ex, 0),
+                        6 * sizeof(int64_t));
+    engine_close(&once);
+    engine_close(&head);
+    engine_close(&tail);
+    engine_close(&e);
+    /* a dense model has no counts */
+    engine_open(&e, dense_gguf, 0, -1, 1, 256);
+    assert_null(pp_executor_expert_tokens(e.ex, 0));
+    engine_close(&e);
+}
+
+/* Deterministic inputs in [-2, 2). */
+static void fill(float *x, int64_t n, uint32_t seed)
+{
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)(seed >> 8) / (float)(1u << 24) * 4.0f - 2.0f;
+    }
+}
+
+/* The routed pairs counted from the router's rows in double precision, softmax then top-k. */
+static void recount(const struct pp_model_config *c, const struct pp_weight *router,
+                    const float *x, int64_t T, int64_t *counts)
+{
+    float row[DIM];
+    int64_t row_bytes = pp_dtype_row_bytes(router->dtype, router->cols);
+    for (int64_t t = 0; t < T; t++) {
+        double logit[16];
+        for (int32_t e = 0; e < c->n_experts; e++) {
+            pp_row_to_f32(row, (const uint8_t *)router->data + e * row_bytes, router->dtype, DIM);
+            logit[e] = 0;
+            for (int i = 0; i < DIM; i++)
+                logit[e] += (double)row[i] * x[t * DIM + i];
+        }
+        int taken[16] = {0};
+        for (int32_t j = 0; j < c->n_experts_used; j++) {
+            int32_t best = -1;
+            for (int32_t e = 0; e < c->n_experts; e++)
+                if (!taken[e] && (best < 0 || logit[e] > logit[best]))
+                    best = e;
+            taken[best] = 1;
+            counts[best]++;
+        }
+    }
+}
+
+static void test_moe_ffn_rows_counts_and_expert_split(void **state)
+{
+    (void)state;
+    struct pp_model *m;
+    struct pp_backend *be;
+    assert_int_equal(pp_model_open(qwen_gguf, 0, -1, &m), PP_OK);
+    assert_int_equal(pp_backend_cpu_new(3, &be), PP_OK);
+    const struct pp_model_config *c = &m->cfg;
+    assert_int_equal(c->arch, PP_ARCH_QWEN2MOE);
+    assert_int_equal(c->n_experts, 8);
+    assert_int_equal(c->shared_ffn_dim, 64);
+    assert_int_equal(be->ops->reserve(be, 96, 128), PP_OK);
+    enum { T = 13 };
+    float x[T * DIM], full[T * DIM], one[DIM], a[T * DIM], b[T * DIM];
+    fill(x, T * DIM, 7);
+    struct pp_moe_scratch *s;
+    assert_int_equal(pp_moe_scratch_new(c, T, 0, &s), PP_OK);
+    for (int32_t l = 0; l < 3; l++) {
+        const struct pp_moe_weights *mw = m->layers[l].moe;
+        assert_non_null(mw);
+        assert_null(m->layers[l].w_gate.data);
+        int64_t counts[8] = {0}, want[8] = {0}, ca[8] = {0}, cb[8] = {0};
+        pp_moe_ffn(be, c, mw, x, T, full, s, counts);
+        recount(c, &mw->router, x, T, want);
+        assert_memory_equal(counts, want, sizeof(counts));
+        /* each row alone gives the same bits */
+        for (int64_t t = 0; t < T; t++) {
+            pp_moe_ffn(be, c, mw, x + t * DIM, 1, one, s, NULL);
+            assert_memory_equal(one, full + t * DIM, sizeof(one));
+        }
+        /* two workers: experts [0, 4) with the shared expert, [4, 8) without */
+        struct pp_moe_weights wa = *mw, wb = *mw;
+        wa.n_experts = 4;
+        wb.n_experts = 4;
+        wb.expert_base = 4;
+        wb.gate = mw->gate + 4;
+        wb.up = mw->up + 4;
+        wb.down = mw->down + 4;
+        wb.shared_gate.data = NULL;
+        pp_moe_ffn(be, c, &wa, x, T, a, s, ca);
+        pp_moe_ffn(be, c, &wb, x, T, b, s, cb);
+        assert_memory_equal(ca, counts, sizeof(counts));
+        assert_memory_equal(cb, counts, sizeof(counts));
+        for (int64_t i = 0; i < T * DIM; i++)
+            assert_true(fabsf(a[i] + b[i] - full[i]) <= 1e-5f * (1.0f + fabsf(full[i])));
+    }
+    pp_moe_scratch_free(s);
+    be->ops->free(be);
+    pp_model_free(m);
+}
+
+/* Weight bytes count the router, every expert and the shared expert. */
+static void test_weight_bytes(void **state)
+{
+    (void)state;
+    struct pp_model *m;
+    assert_int_equal(pp_model_open(qwen_hf, 1, 2, &m), PP_OK);
+    const struct pp_moe_weights *mw = m->layers[0].moe;
+    int64_t attn = (64 * 64 + 2 * 32 * 64 + 64 * 64) * 4;
+    int64_t experts = 8 * (3 * 32 * 64) * 4, shared = 3 * 64 * 64 * 4, router = 8 * 64 * 4;
+    assert_int_equal(pp_model_layer_bytes(m, 1), attn + experts + shared + router);
+    assert_int_equal(pp_model_weight_bytes(m), attn + experts + shared + router);
+    assert_non_null(mw->shared_gate_inp);
+    assert_int_equal(mw->n_experts, 8);
+    assert_int_equal(mw->expert_base, 0);
+    pp_model_free(m);
+}
+
+/* ---- bad files ---- */
+
+static char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = malloc(*n + 1);
+    assert_int_equal(fread(p, 1, *n, f), *n);
+    p[*n] = 0;
+    fclose(f);
+    return p;
+}
+
+/* Copies src to dst with the first occurrence of `from` replaced by `to` (of any length). */
+static void patch_copy(const char *src, const char *dst, const char *from, const char *to)
+{
+    size_t n;
+    char *p = slurp(src, &n);
+    char *at = memmem(p, n, from, strlen(from));
+    assert_non_null(at);
+    if (strlen(from) == strlen(to)) {
+        memcpy(at, to, strlen(to));
+        pp_test_write_file(dst, p, n);
+    } else {
+        size_t head = (size_t)(at - p), tail = n - head - strlen(from);
+        char *q = malloc(n + strlen(to) + 1);
+        memcpy(q, p, head);
+        memcpy(q + head, to, strlen(to));
+        memcpy(q + head + strlen(to), at + strlen(from), tail);
+        pp_test_write_file(dst, q, head + strlen(to) + tail);
+        free(q);
+    }
+    free(p);
+}
+
+/* A copy of the qwen HF checkpoint in `name` with config.json or the weights patched. */
+static void hf_variant(const char *name, const char *file, const char *from, const char *to,
+                       char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", dir, name);
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s'", out, qwen_hf, out);
+    assert_int_equal(system(cmd), 0);
+    char src[1024], dst[1024];
+    snprintf(src, sizeof(src), "%s/%s", qwen_hf, file);
+    snprintf(dst, sizeof(dst), "%s/%s", out, file);
+    patch_copy(src, dst, from, to);
+}
+
+static void expect_refused(const char *path, pp_status want, const char *part1, const char *part2)
+{
+    struct pp_model *m = NULL;
+    pp_status st = pp_model_open(path, 0, -1, &m);
+    if (st != want || !strstr(pp_error_detail(), part1) || !strstr(pp_error_detail(), part2))
+        fail_msg("%s: got status %d, message \"%s\"; expected %d with \"%s\" and \"%s\"", path, st,
+                 pp_error_detail(), want, part1, part2);
+    assert_null(m);
+}
+
+static void test_bad_files_refused(void **state)
+{
+    (void)state;
+    char p[700];
+    hf_variant("k9", "config.json", "\"num_experts_per_tok\": 3", "\"num_experts_per_tok\": 9", p,
+               sizeof(p));
+    expect_refused(p, PP_ERR_FORMAT, "experts used per token is 9", "1..8");
+    hf_variant("sparse2", "config.json", "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2",
+               p, sizeof(p));
+    expect_refused(p, PP_ERR_UNSUPPORTED, "decoder_sparse_step", "only 1");
+    hf_variant("dense_layers", "config.json", "\"mlp_only_layers\": []", "\"mlp_only_layers\": [1]",
+               p, sizeof(p));
+    expect_refused(p, PP_ERR_UNSUPPORTED, "mlp_only_layers", "non-empty");
+    hf_variant("no_experts", "config.json", "\"num_experts\": 8,", "", p, sizeof(p));
+    expect_refused(p, PP_ERR_FORMAT, "config.json", "\"num_experts\"");
+    hf_variant("wide", "config.json", "\"moe_intermediate_size\": 32", "\"moe_intermediate_size\": 48",
+               p, sizeof(p));
+    expect_refused(p, PP_ERR_FORMAT, "blk.0.ffn_gate.0.weight", "expected shape [48, 64], got [32, 64]");
+    hf_variant("missing", "model.safetensors", "experts.7.up_proj", "experts.7.up_prox", p,
+               sizeof(p));
+    expect_refused(p, PP_ERR_NOT_FOUND, "missing tensor blk.0.ffn_up.7.weight", "found 7");
+    /* GGUF: a 3-D tensor renamed away, and expert_used_count above expert_count */
+    char g[700];
+    snprintf(g, sizeof(g), "%s/no_down.gguf", dir);
+    patch_copy(mix_gguf, g, "blk.1.ffn_down_exps", "blk.1.ffn_down_expz");
+    expect_refused(g, PP_ERR_NOT_FOUND, "missing tensor blk.1.ffn_down_exps.weight",
+                   "blk.1.ffn_down.0.weight");
+    snprintf(g, sizeof(g), "%s/k7.gguf", dir);
+    /* the key, its type (u32 = 4) and the value 2, little-endian */
+    static const char key[] = "llama.expert_used_count\x04\0\0\0\x02\0\0\0";
+    static const char bad[] = "llama.expert_used_count\x04\0\0\0\x07\0\0\0";
+    size_t n;
+    char *buf = slurp(mix_gguf, &n);
+    char *at = memmem(buf, n, key, sizeof(key) - 1);
+    assert_non_null(at);
+    memcpy(at, bad, sizeof(bad) - 1);
+    pp_test_write_file(g, buf, n);
+    free(buf);
+    expect_refused(g, PP_ERR_FORMAT, "experts used per token is 7", "1..6");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_and_threads_bit_identical),
+        cmocka_unit_test(test_expert_token_counts),
+        cmocka_unit_test(test_moe_ffn_rows_counts_and_expert_split),
+        cmocka_unit_test(test_weight_bytes),
+        cmocka_unit_test(test_bad_files_refused),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
