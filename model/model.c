@@ -179,7 +179,7 @@ static pp_status bind_all(struct pp__binder *b)
         return PP_ERR_NOMEM;
     pp_rope_inv_freq(c, b->src->rope_divisors, m->inv_freq);
     if (m->has_embedding &&
-        (st = pp__bind_weight(b, "token_embd.weight", c->vocab_size, c->dim, &m->embedding)) != PP_OK)
+        (st = pp__bind_weight(b, "token_embd.weight", c->vocab_size, c->dim, &m->embedding)))
         return st;
     for (int32_t l = 0; l < n; l++)
         if ((st = bind_layer(b, m->first_layer + l, &m->layers[l])) != PP_OK)

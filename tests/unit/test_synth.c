@@ -719,8 +719,9 @@ static void test_moe_experts(void **state)
         assert_int_equal(g.n_tensors, 1 + 2 * 17 + 2);
         size_t len;
         char *st = read_hf(fx, "model.safetensors", &len);
-        static const char *const roles[3][2] = {
-            {"ffn_gate_exps", "gate_proj"}, {"ffn_up_exps", "up_proj"}, {"ffn_down_exps", "down_proj"}};
+        static const char *const roles[3][2] = {{"ffn_gate_exps", "gate_proj"},
+                                                {"ffn_up_exps", "up_proj"},
+                                                {"ffn_down_exps", "down_proj"}};
         char gname[96], hname[128];
         for (int r = 0; r < 3; r++)
             for (int64_t e = 0; e < 3; e++) {
