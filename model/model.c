@@ -118,6 +118,19 @@ pp_status pp__bind_vector_from(struct pp__binder *b, const char *name, const str
     return PP_OK;
 }
 
+static pp_status bind_dense_ffn(struct pp__binder *b, int32_t layer, struct pp_layer_weights *lw)
+{
+    const struct pp_model_config *c = &b->m->cfg;
+    char name[96];
+    pp_status st;
+#define NAME(suffix) (snprintf(name, sizeof(name), "blk.%d." suffix, layer), name)
+    if ((st = pp__bind_weight(b, NAME("ffn_gate.weight"), c->ffn_dim, c->dim, &lw->w_gate)) ||
+        (st = pp__bind_weight(b, NAME("ffn_up.weight"), c->ffn_dim, c->dim, &lw->w_up)))
+        return st;
+    return pp__bind_weight(b, NAME("ffn_down.weight"), c->dim, c->ffn_dim, &lw->w_down);
+#undef NAME
+}
+
 static pp_status bind_layer(struct pp__binder *b, int32_t layer, struct pp_layer_weights *lw)
 {
     const struct pp_model_config *c = &b->m->cfg;
@@ -135,16 +148,10 @@ static pp_status bind_layer(struct pp__binder *b, int32_t layer, struct pp_layer
         (st = pp__bind_weight(b, NAME("attn_output.weight"), c->dim, q_dim, &lw->wo)) != PP_OK ||
         (st = pp__bind_vector(b, NAME("ffn_norm.weight"), c->dim, 0, &lw->ffn_norm)) != PP_OK)
         return st;
-    if (c->n_experts > 0)
-        st = pp__bind_moe(b, layer, &lw->moe);
-    else if ((st = pp__bind_weight(b, NAME("ffn_gate.weight"), c->ffn_dim, c->dim, &lw->w_gate)) ==
-                 PP_OK &&
-             (st = pp__bind_weight(b, NAME("ffn_up.weight"), c->ffn_dim, c->dim, &lw->w_up)) ==
-                 PP_OK)
-        st = pp__bind_weight(b, NAME("ffn_down.weight"), c->dim, c->ffn_dim, &lw->w_down);
+#undef NAME
+    st = c->n_experts > 0 ? pp__bind_moe(b, layer, &lw->moe) : bind_dense_ffn(b, layer, lw);
     if (st != PP_OK)
         return st;
-#undef NAME
     int qwen = c->arch == PP_ARCH_QWEN2 || c->arch == PP_ARCH_QWEN2MOE;
     if (qwen && c->format == PP_FORMAT_HF && (!lw->bq || !lw->bk || !lw->bv))
         return pp_error(PP_ERR_NOT_FOUND, "%s: %s layer %d lacks its q/k/v biases",

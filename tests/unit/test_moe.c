@@ -1,8 +1,8 @@
 /* Mixture-of-Experts models on one worker: a MoE sequence's logits are bit-identical whatever the
- * thread count, the window and the other sequences in its batch; the expert token counts are the
- * routed (token, expert) pairs, as recomputed from the router; experts split across two workers
- * (expert_base) add up to the whole; bad MoE files are refused with messages that say what was
- * expected and what arrived. */
+ * thread count, the window, the other sequences in its batch and where the layer range is split;
+ * the expert token counts are the routed (token, expert) pairs, as recomputed from the router;
+ * experts split across two workers (expert_base) add up to the whole; bad MoE files are refused
+ * with messages that say what was expected and what arrived. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,7 +168,8 @@ static void test_batch_and_threads_bit_identical(void **state)
     check_invariance(qwen_hf);
 }
 
-/* Every forward adds n_tokens × k routed pairs per layer; a later range counts its own layers. */
+/* Every forward adds n_tokens × k routed pairs per layer; a later range counts its own layers, and
+ * [0, 1) then [1, 3) gives the logits of [0, 3) bit for bit. */
 static void test_expert_token_counts(void **state)
 {
     (void)state;
@@ -200,10 +201,12 @@ static void test_expert_token_counts(void **state)
     struct pp_exec_batch bh = {1, &ph, prompt_a, NULL};
     assert_int_equal(pp_executor_forward(head.ex, &bh, hidden, NULL), PP_OK);
     struct pp_exec_batch bt = {1, &ph, NULL, hidden};
-    assert_int_equal(pp_executor_forward(tail.ex, &bt, NULL, logits), PP_OK);
+    float split[VOCAB];
+    assert_int_equal(pp_executor_forward(tail.ex, &bt, NULL, split), PP_OK);
     struct engine once;
     engine_open(&once, mix_gguf, 0, -1, 3, 256);
     assert_int_equal(pp_executor_forward(once.ex, &b, NULL, logits), PP_OK);
+    assert_memory_equal(split, logits, sizeof(logits)); /* a split range gives the same bits */
     const int64_t *whole1 = pp_executor_expert_tokens(once.ex, 1);
     const int64_t *whole0 = pp_executor_expert_tokens(once.ex, 0);
     assert_memory_equal(whole1, pp_executor_expert_tokens(tail.ex, 0), 6 * sizeof(int64_t));
