@@ -1,9 +1,11 @@
 /* Mixture-of-Experts models on one worker: a MoE sequence's logits are bit-identical whatever the
  * thread count, the window, the other sequences in its batch and where the layer range is split;
  * the expert token counts are the routed (token, expert) pairs, as recomputed from the router;
- * experts split across two workers (expert_base) add up to the whole; bad MoE files are refused
- * with messages that say what was expected and what arrived. */
+ * experts split across two workers (expert_base) add up to the whole; misaligned experts are
+ * realigned with the same logits; bad MoE files are refused with messages that say what was
+ * expected and what arrived. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,6 +430,72 @@ static void test_bad_files_refused(void **state)
     expect_refused(g, PP_ERR_FORMAT, "experts used per token is 7", "1..6");
 }
 
+/* The qwen HF checkpoint with its tensor data moved 2 bytes on: every f32 matrix misaligned. */
+static void write_misaligned(const char *out)
+{
+    char cmd[2048], path[1024];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s'", out, qwen_hf, out);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof(path), "%s/model.safetensors", qwen_hf);
+    size_t n;
+    char *in = slurp(path, &n);
+    uint64_t hlen;
+    memcpy(&hlen, in, 8);
+    char *hdr = malloc(hlen * 2 + 64), *w = hdr;
+    const char *key = "\"data_offsets\":[";
+    for (const char *r = in + 8; r < in + 8 + hlen;) {
+        const char *at = strstr(r, key);
+        if (!at || at >= in + 8 + hlen) {
+            memcpy(w, r, (size_t)(in + 8 + hlen - r));
+            w += in + 8 + hlen - r;
+            break;
+        }
+        memcpy(w, r, (size_t)(at - r) + strlen(key));
+        w += at - r + (ptrdiff_t)strlen(key);
+        unsigned long long b, e;
+        int used = 0;
+        assert_int_equal(sscanf(at + strlen(key), "%llu,%llu%n", &b, &e, &used), 2);
+        w += sprintf(w, "%llu,%llu", b + 2, e + 2);
+        r = at + strlen(key) + used;
+    }
+    while ((w - hdr) % 8)
+        *w++ = ' ';
+    uint64_t new_len = (uint64_t)(w - hdr);
+    size_t total = 8 + new_len + 2 + (n - 8 - hlen);
+    char *outbuf = calloc(1, total);
+    memcpy(outbuf, &new_len, 8);
+    memcpy(outbuf + 8, hdr, new_len);
+    memcpy(outbuf + 8 + new_len + 2, in + 8 + hlen, n - 8 - hlen);
+    snprintf(path, sizeof(path), "%s/model.safetensors", out);
+    pp_test_write_file(path, outbuf, total);
+    free(outbuf);
+    free(hdr);
+    free(in);
+}
+
+/* Misaligned experts are realigned into owned copies (the list grows as needed), same logits. */
+static void test_misaligned_experts_realigned(void **state)
+{
+    (void)state;
+    char path[700];
+    snprintf(path, sizeof(path), "%s/misaligned", dir);
+    write_misaligned(path);
+    float a[VOCAB], b[VOCAB];
+    struct engine e, f;
+    engine_open(&e, qwen_hf, 0, -1, 2, 256);
+    engine_open(&f, path, 0, -1, 2, 256);
+    assert_int_equal(e.m->n_owned, 0);
+    /* per layer: 4 attention + router + 8 experts × 3 + 3 shared; embedding, head */
+    assert_int_equal(f.m->n_owned, 3 * (4 + 1 + 24 + 3) + 2);
+    struct pp_exec_seq p = {1, 0, 7, 1};
+    struct pp_exec_batch bt = {1, &p, prompt_a, NULL};
+    assert_int_equal(pp_executor_forward(e.ex, &bt, NULL, a), PP_OK);
+    assert_int_equal(pp_executor_forward(f.ex, &bt, NULL, b), PP_OK);
+    assert_memory_equal(a, b, sizeof(a));
+    engine_close(&e);
+    engine_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -436,6 +504,7 @@ int main(void)
         cmocka_unit_test(test_moe_ffn_rows_counts_and_expert_split),
         cmocka_unit_test(test_weight_bytes),
         cmocka_unit_test(test_bad_files_refused),
+        cmocka_unit_test(test_misaligned_experts_realigned),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
