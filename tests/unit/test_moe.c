@@ -2,8 +2,8 @@
  * thread count, the window, the other sequences in its batch and where the layer range is split;
  * the expert token counts are the routed (token, expert) pairs, as recomputed from the router;
  * experts split across two workers (expert_base) add up to the whole; misaligned experts are
- * realigned with the same logits; bad MoE files are refused with messages that say what was
- * expected and what arrived. */
+ * realigned and split GGUF experts (blk.N.ffn_gate.E.weight) bound, both with the same logits;
+ * bad MoE files are refused with messages that say what was expected and what arrived. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -12,8 +12,10 @@
 
 #include "common/status.h"
 #include "model/executor.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "model/moe_ffn.h"
+#include "model/synth-impl.h"
 #include "testutil.h"
 
 #define VOCAB 300
@@ -496,6 +498,82 @@ static void test_misaligned_experts_realigned(void **state)
     engine_close(&f);
 }
 
+/* The mixtral GGUF rewritten as older converters split it: blk.N.ffn_gate.E.weight per expert
+ * instead of the 3-D blk.N.ffn_gate_exps.weight (model keys only; no tokenizer needed here). */
+static void write_split_gguf(const char *out)
+{
+    struct pp_model_config c;
+    assert_int_equal(pp_model_read_config(mix_gguf, &c), PP_OK);
+    struct pp_gguf *g;
+    assert_int_equal(pp_gguf_open(mix_gguf, &g), PP_OK);
+    struct pp__gguf_writer w;
+    pp__gguf_init(&w);
+    pp__gguf_add_str(&w, "general.architecture", "llama");
+    pp__gguf_add_u32(&w, "llama.embedding_length", (uint32_t)c.dim);
+    pp__gguf_add_u32(&w, "llama.block_count", (uint32_t)c.n_layers);
+    pp__gguf_add_u32(&w, "llama.feed_forward_length", (uint32_t)c.ffn_dim);
+    pp__gguf_add_u32(&w, "llama.attention.head_count", (uint32_t)c.n_heads);
+    pp__gguf_add_u32(&w, "llama.attention.head_count_kv", (uint32_t)c.n_kv_heads);
+    pp__gguf_add_u32(&w, "llama.context_length", (uint32_t)c.max_context);
+    pp__gguf_add_f32(&w, "llama.attention.layer_norm_rms_epsilon", c.norm_eps);
+    pp__gguf_add_f32(&w, "llama.rope.freq_base", c.rope_theta);
+    pp__gguf_add_u32(&w, "llama.expert_count", (uint32_t)c.n_experts);
+    pp__gguf_add_u32(&w, "llama.expert_used_count", (uint32_t)c.n_experts_used);
+    char name[128];
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            assert_int_equal(pp__gguf_begin(&w, out), PP_OK);
+        for (int64_t i = 0; i < g->n_tensors; i++) {
+            const struct pp_gguf_tensor_info *ti = &g->tensors[i];
+            const struct pp_tensor *t = &ti->t;
+            const char *exps = memmem(ti->name.ptr, ti->name.len, "_exps.", 6);
+            int64_t n = exps ? t->shape[0] : 1, cols = t->shape[t->n_dims - 1];
+            int64_t rows = pp_tensor_elems(t) / cols / n;
+            int64_t bytes = rows * pp_dtype_row_bytes(t->dtype, cols);
+            for (int64_t e = 0; e < n; e++) {
+                if (exps)
+                    snprintf(name, sizeof(name), "%.*s.%lld.weight",
+                             (int)(exps - ti->name.ptr), ti->name.ptr, (long long)e);
+                else
+                    snprintf(name, sizeof(name), "%.*s", (int)ti->name.len, ti->name.ptr);
+                int64_t shape[2] = {rows, cols};
+                if (pass == 0)
+                    assert_int_equal(pp__gguf_add_tensor(&w, name, exps ? 2 : t->n_dims,
+                                                         exps ? shape : t->shape, t->dtype),
+                                     PP_OK);
+                else
+                    assert_int_equal(pp__gguf_write(&w, (const uint8_t *)t->data + e * bytes,
+                                                    (uint64_t)bytes),
+                                     PP_OK);
+            }
+        }
+    }
+    assert_int_equal(pp__gguf_finish(&w), PP_OK);
+    pp__gguf_free(&w);
+    pp_gguf_free(g);
+}
+
+/* Split GGUF files bind their per-expert tensors and compute the same logits as 3-D ones. */
+static void test_split_gguf_experts(void **state)
+{
+    (void)state;
+    char path[700];
+    snprintf(path, sizeof(path), "%s/split.gguf", dir);
+    write_split_gguf(path);
+    float a[VOCAB], b[VOCAB];
+    struct engine e, f;
+    engine_open(&e, mix_gguf, 0, -1, 2, 256);
+    engine_open(&f, path, 0, -1, 2, 256);
+    assert_ptr_not_equal(f.m->layers[2].moe->down[5].data, NULL);
+    struct pp_exec_seq p = {1, 0, 7, 1};
+    struct pp_exec_batch bt = {1, &p, prompt_a, NULL};
+    assert_int_equal(pp_executor_forward(e.ex, &bt, NULL, a), PP_OK);
+    assert_int_equal(pp_executor_forward(f.ex, &bt, NULL, b), PP_OK);
+    assert_memory_equal(a, b, sizeof(a));
+    engine_close(&e);
+    engine_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -505,6 +583,7 @@ int main(void)
         cmocka_unit_test(test_weight_bytes),
         cmocka_unit_test(test_bad_files_refused),
         cmocka_unit_test(test_misaligned_experts_realigned),
+        cmocka_unit_test(test_split_gguf_experts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
