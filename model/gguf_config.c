@@ -54,9 +54,8 @@ static pp_status read_moe(const struct pp_gguf *g, const char *arch, struct pp_m
         return PP_OK;
     }
     c->moe_gating = PP_MOE_SOFTMAX_TOPK;
-    if ((st = arch_key_i32(g, arch, "expert_feed_forward_length", 1, &c->expert_ffn_dim)) != PP_OK ||
-        (st = arch_key_i32(g, arch, "expert_shared_feed_forward_length", 0, &c->shared_ffn_dim)) !=
-            PP_OK)
+    if ((st = arch_key_i32(g, arch, "expert_feed_forward_length", 1, &c->expert_ffn_dim)) ||
+        (st = arch_key_i32(g, arch, "expert_shared_feed_forward_length", 0, &c->shared_ffn_dim)))
         return st;
     char key[128];
     snprintf(key, sizeof(key), "%s.expert_weights_norm", arch);

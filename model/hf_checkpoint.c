@@ -182,12 +182,12 @@ static pp_status parse_moe(json_t *root, const char *path, struct pp_model_confi
         (st = get_int(root, path, "decoder_sparse_step", 0, &sparse_step)) != PP_OK)
         return st;
     if (sparse_step != 1)
-        return pp_error(PP_ERR_UNSUPPORTED, "%s: \"decoder_sparse_step\" is %d; only 1 (every layer "
-                        "sparse) is supported", path, sparse_step);
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: \"decoder_sparse_step\" is %d; only 1 (every "
+                        "layer sparse) is supported", path, sparse_step);
     json_t *dense = json_object_get(root, "mlp_only_layers");
     if (dense && !json_is_null(dense) && !(json_is_array(dense) && json_array_size(dense) == 0))
-        return pp_error(PP_ERR_UNSUPPORTED, "%s: \"mlp_only_layers\" must be empty (dense layers in "
-                        "a qwen2_moe model are not supported), got %s", path,
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: \"mlp_only_layers\" must be empty (dense layers "
+                        "in a qwen2_moe model are not supported), got %s", path,
                         json_is_array(dense) ? "a non-empty list" : "a non-list");
     json_t *norm = json_object_get(root, "norm_topk_prob");
     if (norm && !json_is_null(norm) && !json_is_boolean(norm))

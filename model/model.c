@@ -45,6 +45,22 @@ pp_status pp__bind_find(struct pp__binder *b, const char *name, int32_t n_dims,
     return PP_OK;
 }
 
+/* Room for more realigned copies; the list grows as misaligned weights turn up (none in the files
+ * we write), so a file that declares many experts costs nothing before its tensors are seen. */
+static pp_status grow_owned(struct pp_model *m)
+{
+    int32_t cap = m->cap_owned ? 2 * m->cap_owned : 16;
+    void **list = pp_calloc(PP_MEM_MISC, (size_t)cap, sizeof(void *));
+    if (!list)
+        return PP_ERR_NOMEM;
+    if (m->n_owned)
+        memcpy(list, m->owned_copies, (size_t)m->n_owned * sizeof(void *));
+    pp_free(PP_MEM_MISC, m->owned_copies);
+    m->owned_copies = list;
+    m->cap_owned = cap;
+    return PP_OK;
+}
+
 pp_status pp__bind_matrix(struct pp__binder *b, const char *name, const struct pp_tensor *t,
                           int64_t index, int64_t rows, int64_t cols, struct pp_weight *w)
 {
@@ -58,9 +74,8 @@ pp_status pp__bind_matrix(struct pp__binder *b, const char *name, const struct p
     w->cols = cols;
     size_t align = t->dtype == PP_DTYPE_F32 ? 4 : t->dtype == PP_DTYPE_Q8_0 ? 1 : 2;
     if ((uintptr_t)w->data % align != 0) {
-        if (b->m->n_owned >= b->m->cap_owned)
-            return pp_error(PP_ERR_INTERNAL, "%s: more misaligned tensors than the %d counted",
-                            b->src->path, b->m->cap_owned);
+        if (b->m->n_owned == b->m->cap_owned && grow_owned(b->m) != PP_OK)
+            return PP_ERR_NOMEM;
         void *copy = pp_alloc_aligned(PP_MEM_WEIGHTS, (size_t)bytes);
         if (!copy)
             return PP_ERR_NOMEM;
@@ -118,6 +133,19 @@ pp_status pp__bind_vector_from(struct pp__binder *b, const char *name, const str
     return PP_OK;
 }
 
+static pp_status bind_dense_ffn(struct pp__binder *b, int32_t layer, struct pp_layer_weights *lw)
+{
+    const struct pp_model_config *c = &b->m->cfg;
+    char name[96];
+    pp_status st;
+#define NAME(suffix) (snprintf(name, sizeof(name), "blk.%d." suffix, layer), name)
+    if ((st = pp__bind_weight(b, NAME("ffn_gate.weight"), c->ffn_dim, c->dim, &lw->w_gate)) ||
+        (st = pp__bind_weight(b, NAME("ffn_up.weight"), c->ffn_dim, c->dim, &lw->w_up)))
+        return st;
+    return pp__bind_weight(b, NAME("ffn_down.weight"), c->dim, c->ffn_dim, &lw->w_down);
+#undef NAME
+}
+
 static pp_status bind_layer(struct pp__binder *b, int32_t layer, struct pp_layer_weights *lw)
 {
     const struct pp_model_config *c = &b->m->cfg;
@@ -135,16 +163,10 @@ static pp_status bind_layer(struct pp__binder *b, int32_t layer, struct pp_layer
         (st = pp__bind_weight(b, NAME("attn_output.weight"), c->dim, q_dim, &lw->wo)) != PP_OK ||
         (st = pp__bind_vector(b, NAME("ffn_norm.weight"), c->dim, 0, &lw->ffn_norm)) != PP_OK)
         return st;
-    if (c->n_experts > 0)
-        st = pp__bind_moe(b, layer, &lw->moe);
-    else if ((st = pp__bind_weight(b, NAME("ffn_gate.weight"), c->ffn_dim, c->dim, &lw->w_gate)) ==
-                 PP_OK &&
-             (st = pp__bind_weight(b, NAME("ffn_up.weight"), c->ffn_dim, c->dim, &lw->w_up)) ==
-                 PP_OK)
-        st = pp__bind_weight(b, NAME("ffn_down.weight"), c->dim, c->ffn_dim, &lw->w_down);
+#undef NAME
+    st = c->n_experts > 0 ? pp__bind_moe(b, layer, &lw->moe) : bind_dense_ffn(b, layer, lw);
     if (st != PP_OK)
         return st;
-#undef NAME
     int qwen = c->arch == PP_ARCH_QWEN2 || c->arch == PP_ARCH_QWEN2MOE;
     if (qwen && c->format == PP_FORMAT_HF && (!lw->bq || !lw->bk || !lw->bv))
         return pp_error(PP_ERR_NOT_FOUND, "%s: %s layer %d lacks its q/k/v biases",
@@ -171,15 +193,11 @@ static pp_status bind_all(struct pp__binder *b)
     int32_t n = m->last_layer - m->first_layer;
     m->layers = pp_calloc(PP_MEM_MISC, (size_t)(n ? n : 1), sizeof(*m->layers));
     m->inv_freq = pp_alloc_aligned(PP_MEM_WEIGHTS, (size_t)c->head_dim / 2 * sizeof(float));
-    /* at most one realigned copy per matrix: 7 per layer, or 4 + 3 per expert */
-    int64_t per_layer = c->n_experts > 0 ? 4 + 3 * (int64_t)c->n_experts : 7;
-    m->cap_owned = (int32_t)(n * per_layer + 2);
-    m->owned_copies = pp_calloc(PP_MEM_MISC, (size_t)m->cap_owned, sizeof(void *));
-    if (!m->layers || !m->inv_freq || !m->owned_copies)
+    if (!m->layers || !m->inv_freq)
         return PP_ERR_NOMEM;
     pp_rope_inv_freq(c, b->src->rope_divisors, m->inv_freq);
     if (m->has_embedding &&
-        (st = pp__bind_weight(b, "token_embd.weight", c->vocab_size, c->dim, &m->embedding)) != PP_OK)
+        (st = pp__bind_weight(b, "token_embd.weight", c->vocab_size, c->dim, &m->embedding)))
         return st;
     for (int32_t l = 0; l < n; l++)
         if ((st = bind_layer(b, m->first_layer + l, &m->layers[l])) != PP_OK)

@@ -58,7 +58,7 @@ struct pp_model {
     struct pp_source *source;   /* the open file(s); internal */
     void **owned_copies;        /* weights realigned out of a misaligned file; freed with the model */
     int32_t n_owned;
-    int32_t cap_owned;
+    int32_t cap_owned;          /* entries allocated in owned_copies */
 };
 
 /* Opens path (a .gguf file or an HF checkpoint directory) for layers [first, last); last < 0 means

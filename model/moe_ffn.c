@@ -1,5 +1,6 @@
 /* The MoE FFN: routing in plain f32 C (softmax with expf, top-k by repeated maximum), the experts
- * through backend matmuls over gathered token rows, and a scatter-add in a fixed per-token order. */
+ * through backend matmuls over gathered token rows, and a scatter-add in a fixed per-token
+ * order. */
 #include "model/moe_ffn.h"
 
 #include <assert.h>

@@ -58,7 +58,8 @@ pp_status pp__synth_hf_config(const struct pp__synth_model *m, struct pp_buf *b)
                       "  \"num_experts_per_tok\": %d", s->n_experts, s->n_experts_used);
     if (m->arch == PP__SYNTH_QWEN2MOE)
         pp_buf_printf(b, ",\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n"
-                      "  \"moe_intermediate_size\": %d,\n  \"shared_expert_intermediate_size\": %d,\n"
+                      "  \"moe_intermediate_size\": %d,\n"
+                      "  \"shared_expert_intermediate_size\": %d,\n"
                       "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
                       "  \"mlp_only_layers\": [],\n  \"use_sliding_window\": false",
                       s->n_experts, s->n_experts_used, s->expert_ffn_dim, s->shared_ffn_dim,

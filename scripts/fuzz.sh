@@ -23,9 +23,15 @@ for t in "${targets[@]}"; do
         ./build/ppserve synth --out "$out/seed" --shape tiny --format both --ctx 64 >/dev/null
         ./build/ppserve synth --out "$out/seed-bpe" --shape tiny --tokenizer bpe --vocab 400 \
             --ctx 64 >/dev/null
+        # a one-layer Mixtral and Qwen2-MoE: 3-D expert tensors, router, shared expert
+        ./build/ppserve synth --out "$out/seed-moe" --shape tiny-moe --layers 1 --ctx 64 >/dev/null
+        ./build/ppserve synth --out "$out/seed-qmoe" --shape tiny-moe --arch qwen2moe --layers 1 \
+            --expert-ffn 32 --shared-ffn 32 --dtype q8_0 --ctx 64 >/dev/null
         case $t in
             gguf) cp "$out/seed/model.gguf" "$corpus/tiny.gguf"
-                  cp "$out/seed-bpe/model.gguf" "$corpus/tiny-bpe.gguf" ;;
+                  cp "$out/seed-bpe/model.gguf" "$corpus/tiny-bpe.gguf"
+                  cp "$out/seed-moe/model.gguf" "$corpus/tiny-moe.gguf"
+                  cp "$out/seed-qmoe/model.gguf" "$corpus/tiny-qwen2moe.gguf" ;;
             safetensors) cp "$out/seed/hf/model.safetensors" "$corpus/tiny.safetensors" ;;
             tokenizer) printf 'Hello world, 12345 <s> \xe2\x96\x81 \xff\xfe caf\xc3\xa9 \xf0\x9f\x99\x82\n' \
                            >"$corpus/text" ;;

@@ -8,9 +8,10 @@ sequence is recomputed every step with no KV cache, and everything is float64, s
 two disagree the suspect is the engine, not the reference.
 
 Supported: HF model_type llama / mistral / qwen2 / mixtral / qwen2_moe (config.json +
-safetensors), GGUF general.architecture llama (with expert_count: Mixtral) / qwen2 / qwen2moe. GGUF `llama` stores q/k rows permuted for the adjacent-pair
-RoPE layout; we undo that and always apply HF's rotate-half RoPE, which checks the engine's
-handling of both layouts against one ground truth.
+safetensors), GGUF general.architecture llama (with expert_count: Mixtral) / qwen2 / qwen2moe.
+GGUF `llama` stores q/k rows permuted for the adjacent-pair RoPE layout; we undo that and always
+apply HF's rotate-half RoPE, which checks the engine's handling of both layouts against one ground
+truth.
 
 CLI:
   llama_ref.py --model PATH --prompt-ids 1,2,3 --max-tokens N

@@ -120,8 +120,12 @@ def hf_moe_layer(src, i, mc):
 
 def gguf_moe_config(key, arch):
     """The MoE settings of GGUF metadata (key(suffix, default) reads arch.suffix), or None."""
-    n = int(key("expert_count", 0))
-    if arch == "llama" and n == 0:
+    if arch not in ("llama", "qwen2moe"):
+        return None
+    n = int(key("expert_count", 0) if arch == "llama" else key("expert_count"))
+    if n == 0 and arch == "qwen2moe":
+        raise MoEError("qwen2moe.expert_count is 0: a qwen2moe model needs experts")
+    if n == 0:
         return None
     if arch == "llama":
         return {"kind": "mixtral", "n": n, "k": int(key("expert_used_count")),

@@ -431,6 +431,34 @@ def run_cli(*args):
     return p.returncode, p.stdout, p.stderr
 
 
+def selftest_moe_routing():
+    """moe_ref's routing against hand-computed cases and the Mixtral definition."""
+    import moe_ref
+    e, w = moe_ref.route(np.array([[1.0, 3.0, 2.0, 3.0]]), 2, True)
+    check(e.tolist() == [[1, 3]] and np.allclose(w, 0.5), "moe top-k ties go to the lower id",
+          f"experts={e.tolist()} weights={w.tolist()}")
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(5, 8))
+    e, w = moe_ref.route(z, 3, True)
+    top = np.sort(z, axis=-1)[:, ::-1][:, :3]
+    want = np.exp(top - top.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    check(np.allclose(w, want, rtol=1e-12), "moe mixtral weights = softmax over the top-k logits")
+    e, w = moe_ref.route(z, 3, False)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    check(np.allclose(w, np.take_along_axis(p, e, -1)) and w.sum(-1).max() < 1,
+          "moe qwen2moe weights without norm_topk_prob are the softmax probabilities")
+    D, F = 4, 6
+    wg, wu, wd = rng.normal(size=(F, D)), rng.normal(size=(F, D)), rng.normal(size=(D, F))
+    h = rng.normal(size=(3, D))
+    moe = {"kind": "mixtral", "k": 1, "norm_topk_prob": True, "router": np.zeros((1, D)),
+           "experts": [(wg, wu, wd)], "shared": None}
+    dense = (h @ wg.T / (1 + np.exp(-(h @ wg.T))) * (h @ wu.T)) @ wd.T
+    check(np.allclose(moe_ref.moe_ffn(h, moe), dense, rtol=1e-12),
+          "moe with one expert and k = 1 is the dense MLP")
+
+
 def main():
     t0 = time.time()
     rng = np.random.default_rng(1234)
@@ -565,6 +593,8 @@ def main():
           and rel_err(got, np.asarray(frows, np.float32)) < 1e-6 and fids != ids)
     check(ok, "cli --force-ids: rows follow forced ids, printed ids are argmaxes",
           f"rc={rc} out={out.strip()}")
+
+    selftest_moe_routing()
 
     # Error exits (status 2, clear message).
     os.makedirs(P("bad_arch"))

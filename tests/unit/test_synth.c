@@ -440,6 +440,61 @@ static void m_dtype(struct pp_synth_spec *s)
     s->dtype = (enum pp_dtype)9;
 }
 
+static void moe(struct pp_synth_spec *s, const char *arch)
+{
+    strcpy(s->arch, arch);
+    s->n_experts = 4;
+    s->n_experts_used = 2;
+}
+static void m_moe_k(struct pp_synth_spec *s)
+{
+    moe(s, "mixtral");
+    s->n_experts_used = 5;
+}
+static void m_moe_k0(struct pp_synth_spec *s)
+{
+    moe(s, "qwen2moe");
+    s->n_experts_used = 0;
+}
+static void m_moe_n0(struct pp_synth_spec *s)
+{
+    moe(s, "qwen2moe");
+    s->n_experts = 0;
+}
+static void m_moe_dense(struct pp_synth_spec *s)
+{
+    s->n_experts = 4;
+}
+static void m_moe_mixtral_shared(struct pp_synth_spec *s)
+{
+    moe(s, "mixtral");
+    s->shared_ffn_dim = 64;
+}
+static void m_moe_mixtral_ffn(struct pp_synth_spec *s)
+{
+    moe(s, "mixtral");
+    s->expert_ffn_dim = 32;
+}
+static void m_moe_mixtral_norm(struct pp_synth_spec *s)
+{
+    moe(s, "mixtral");
+    s->norm_topk_prob = 1;
+}
+static void m_moe_q8(struct pp_synth_spec *s)
+{
+    moe(s, "qwen2moe");
+    s->dtype = PP_DTYPE_Q8_0;
+    s->ffn_dim = 64;
+    s->expert_ffn_dim = 48;
+}
+static void m_moe_q8_shared(struct pp_synth_spec *s)
+{
+    moe(s, "qwen2moe");
+    s->dtype = PP_DTYPE_Q8_0;
+    s->ffn_dim = 64;
+    s->shared_ffn_dim = 40;
+}
+
 static void test_validate_errors(void **state)
 {
     (void)state;
@@ -449,6 +504,10 @@ static void test_validate_errors(void **state)
         {"vocab_size", m_vocab}, {"arch", m_arch},          {"sliding_window", m_sw},
         {"shards", m_shards0},   {"shards", m_shards_many}, {"dim", m_dim0},
         {"max_context", m_ctx},  {"norm_eps", m_eps},       {"dtype", m_dtype},
+        {"n_experts_used", m_moe_k}, {"n_experts_used", m_moe_k0}, {"n_experts", m_moe_n0},
+        {"n_experts", m_moe_dense}, {"shared_ffn_dim", m_moe_mixtral_shared},
+        {"expert_ffn_dim", m_moe_mixtral_ffn}, {"norm_topk_prob", m_moe_mixtral_norm},
+        {"expert_ffn_dim", m_moe_q8}, {"shared_ffn_dim", m_moe_q8_shared},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct pp_synth_spec s;
@@ -466,6 +525,16 @@ static void test_validate_errors(void **state)
     strcpy(s.arch, "mistral");
     s.sliding_window = 128;
     s.shards = 21;
+    assert_int_equal(pp_synth_validate(&s), PP_OK);
+    /* both MoE archs with their defaults; the tiny-moe shape */
+    tiny(&s);
+    moe(&s, "qwen2moe");
+    s.norm_topk_prob = 1;
+    assert_int_equal(pp_synth_validate(&s), PP_OK);
+    tiny(&s);
+    moe(&s, "mixtral");
+    assert_int_equal(pp_synth_validate(&s), PP_OK);
+    assert_int_equal(pp_synth_shape("tiny-moe", &s), PP_OK);
     assert_int_equal(pp_synth_validate(&s), PP_OK);
 }
 
@@ -599,6 +668,103 @@ static void test_qwen2_bias(void **state)
     check_same(&g, st, len, "blk.1.attn_q.bias", "model.layers.1.self_attn.q_proj.bias", 4);
     check_same(&g, st, len, "blk.1.attn_k.bias", "model.layers.1.self_attn.k_proj.bias", 2);
     check_same(&g, st, len, "blk.1.attn_v.bias", "model.layers.1.self_attn.v_proj.bias", 0);
+    free(st);
+    free(g.buf);
+}
+
+/* Expert e of a 3-D GGUF tensor [n, rows, cols] holds exactly HF expert e's values. */
+static void check_expert(const struct gg_file *g, const char *st_buf, size_t st_len,
+                         const char *gname, const char *hname, int64_t e, int64_t n)
+{
+    const struct gg_tensor *gt = gg_find(g, gname);
+    struct st_tensor ht;
+    assert_non_null(gt);
+    assert_true(st_find(st_buf, st_len, hname, &ht));
+    int64_t rows = ht.shape[0], cols = ht.shape[1];
+    assert_int_equal(gt->n_dims, 3);
+    assert_int_equal(gt->dims[0], (uint64_t)cols);
+    assert_int_equal(gt->dims[1], (uint64_t)rows);
+    assert_int_equal(gt->dims[2], (uint64_t)n);
+    uint64_t rb = gg_row_bytes(gt->type, (uint64_t)cols);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *grow = gg_data(g, gt) + ((uint64_t)e * (uint64_t)rows + (uint64_t)r) * rb;
+        for (int64_t c = 0; c < cols; c++) {
+            float a = gg_value(grow, gt->type, c), b = st_value(&ht, r * cols + c);
+            if (memcmp(&a, &b, 4) != 0)
+                fail_msg("%s[%lld][%lld][%lld]: gguf %.9g, hf %s %.9g", gname, (long long)e,
+                         (long long)r, (long long)c, (double)a, hname, (double)b);
+        }
+    }
+}
+
+static void test_moe_experts(void **state)
+{
+    struct fixture *fx = *state;
+    static const enum pp_dtype dtypes[] = {PP_DTYPE_F32, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++) {
+        struct pp_synth_spec s;
+        tiny(&s);
+        strcpy(s.arch, "qwen2moe");
+        s.ffn_dim = 64;
+        s.n_experts = 3;
+        s.n_experts_used = 2;
+        s.expert_ffn_dim = 32;
+        s.shared_ffn_dim = 96;
+        s.dtype = dtypes[d];
+        write_both(fx, &s);
+        struct gg_file g;
+        gg_open(&g, fx->gguf);
+        assert_string_equal(g.arch, "qwen2moe");
+        /* embedding, per layer 9 attention + router + 3 stacks + 4 shared, norm, head */
+        assert_int_equal(g.n_tensors, 1 + 2 * 17 + 2);
+        size_t len;
+        char *st = read_hf(fx, "model.safetensors", &len);
+        static const char *const roles[3][2] = {{"ffn_gate_exps", "gate_proj"},
+                                                {"ffn_up_exps", "up_proj"},
+                                                {"ffn_down_exps", "down_proj"}};
+        char gname[96], hname[128];
+        for (int r = 0; r < 3; r++)
+            for (int64_t e = 0; e < 3; e++) {
+                snprintf(gname, sizeof(gname), "blk.1.%s.weight", roles[r][0]);
+                snprintf(hname, sizeof(hname), "model.layers.1.mlp.experts.%lld.%s.weight",
+                         (long long)e, roles[r][1]);
+                check_expert(&g, st, len, gname, hname, e, 3);
+            }
+        check_same(&g, st, len, "blk.0.ffn_gate_inp.weight", "model.layers.0.mlp.gate.weight", 0);
+        check_same(&g, st, len, "blk.0.ffn_down_shexp.weight",
+                   "model.layers.0.mlp.shared_expert.down_proj.weight", 0);
+        /* the shared gate: [dim] f32 in GGUF, [1, dim] in HF, the same values */
+        const struct gg_tensor *gv = gg_find(&g, "blk.0.ffn_gate_inp_shexp.weight");
+        struct st_tensor hv;
+        assert_non_null(gv);
+        assert_true(st_find(st, len, "model.layers.0.mlp.shared_expert_gate.weight", &hv));
+        assert_int_equal(gv->n_dims, 1);
+        assert_int_equal(hv.n_dims, 2);
+        assert_int_equal(hv.shape[0], 1);
+        assert_int_equal(hv.shape[1], 64);
+        for (int64_t i = 0; i < 64; i++) {
+            float a = gg_value(gg_data(&g, gv), 0, i), b = st_value(&hv, i);
+            assert_memory_equal(&a, &b, 4);
+        }
+        free(st);
+        free(g.buf);
+    }
+    /* mixtral: GGUF arch llama, q permuted, experts named w1/w3/w2 in HF */
+    struct pp_synth_spec s;
+    assert_int_equal(pp_synth_shape("tiny-moe", &s), PP_OK);
+    write_both(fx, &s);
+    struct gg_file g;
+    gg_open(&g, fx->gguf);
+    assert_string_equal(g.arch, "llama");
+    size_t len;
+    char *st = read_hf(fx, "model.safetensors", &len);
+    check_same(&g, st, len, "blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight", 4);
+    check_expert(&g, st, len, "blk.0.ffn_up_exps.weight",
+                 "model.layers.0.block_sparse_moe.experts.3.w3.weight", 3, 4);
+    check_expert(&g, st, len, "blk.1.ffn_down_exps.weight",
+                 "model.layers.1.block_sparse_moe.experts.0.w2.weight", 0, 4);
+    check_same(&g, st, len, "blk.1.ffn_gate_inp.weight",
+               "model.layers.1.block_sparse_moe.gate.weight", 0);
     free(st);
     free(g.buf);
 }
@@ -821,6 +987,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_dtypes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_qwen2_bias, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sharded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_moe_experts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_llama3_rope_freqs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vocab, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deterministic, setup, teardown),

@@ -115,3 +115,22 @@ def test_activations_above_the_chunk_size(models, cluster_factory, tmp_path):
     # stage 1 received the activations of every prompt token (heartbeats bring the counter)
     wait_until(lambda: int(cl.stage_status()[1]["bytes_in"]) >= 600 * 1024 * 4, scaled(5),
                "stage 1's bytes_in to count 600 rows of 1024 floats")
+
+
+MOE_FLAGS = {
+    "mixtral": ("--dim", "64", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--ffn", "64",
+                "--vocab", "512", "--ctx", "256", "--arch", "mixtral", "--experts", "4",
+                "--experts-used", "2", "--seed", "29"),
+    "qwen2moe": ("--dim", "64", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--ffn", "64",
+                 "--vocab", "512", "--ctx", "256", "--arch", "qwen2moe", "--experts", "6",
+                 "--experts-used", "2", "--expert-ffn", "32", "--norm-topk", "1", "--seed", "31"),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(MOE_FLAGS))
+def test_moe_bit_identical_to_single_process(models, cluster_factory, tmp_path, arch):
+    """MoE layers split over stages, next to other requests, give the bits of one process."""
+    model = models.get(f"pipe-{arch}", *MOE_FLAGS[arch])
+    cl = cluster_factory(model, stages=3, layers=[1, 2, 1])
+    check_same(cl, tmp_path, PROMPT, 16, GREEDY, f"{arch}-greedy")
+    check_same(cl, tmp_path, PROMPT, 16, SAMPLED, f"{arch}-sampled")
