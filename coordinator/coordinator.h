@@ -23,7 +23,7 @@
 
 #define CO_MAX_STAGES 64
 #define CO_TRACE_KEEP 4096 /* microbatch timelines kept for Trace */
-#define CO_BLOCKED_RETRY_S 30 /* a refused setup is tried again this often (or when stages change) */
+#define CO_BLOCKED_RETRY_S 30 /* a refused setup is retried this often (or when stages change) */
 
 enum co_state {
     CO_WAITING,  /* for stages to register */
@@ -131,7 +131,7 @@ struct coordinator {
     pthread_cond_t cond;             /* registration, state changes, the release queue */
     enum co_state state;
     char state_reason[1024];
-    int blocked;                     /* the last setup was refused: waits for the stages to change */
+    int blocked;                     /* the last setup was refused: wait for the stages to change */
     uint64_t stages_gen;             /* bumped when a stage registers (again) or is dropped */
     int stop;                        /* the release thread ends */
     int draining;                    /* SIGTERM: new requests are refused */

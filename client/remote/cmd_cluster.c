@@ -349,9 +349,12 @@ int pp_cmd_cluster(int argc, char **argv)
         {"stages", PP_ARG_INT, &o.stages, 1, 64, "stage processes (default 2)"},
         {"layers", PP_ARG_IDS, &o.layers, 0, 0, "layers per stage, e.g. 2,3,3 (default: planned)"},
         {"port", PP_ARG_INT, &o.port, 1, 65535, "the coordinator's port on 127.0.0.1 (default 7000)"},
-        {"threads", PP_ARG_INT, &o.threads, 1, 1024, "compute threads per stage, shared by its tp workers (default: CPUs / stages)"},
-        {"tp", PP_ARG_INT, &o.tp, 1, 64, "tensor-parallel workers in every stage: stages x tp in all (default 1; --ep alone sets it)"},
-        {"ep", PP_ARG_INT, &o.ep, 1, 64, "expert groups among each stage's workers (MoE models; divides tp)"},
+        {"threads", PP_ARG_INT, &o.threads, 1, 1024,
+         "compute threads per stage, shared by its tp workers (default: CPUs / stages)"},
+        {"tp", PP_ARG_INT, &o.tp, 1, 64,
+         "tensor-parallel workers per stage, stages x tp in all (default 1; --ep alone sets it)"},
+        {"ep", PP_ARG_INT, &o.ep, 1, 64,
+         "expert groups among each stage's workers (MoE models; divides tp)"},
         {"kv-mb", PP_ARG_INT, &o.kv_mb, 1, 1 << 24, "KV cache per stage in MiB (default: the stage's)"},
         {"max-batch-tokens", PP_ARG_INT, &o.max_batch_tokens, 1, 1 << 16, "token budget of one microbatch (default: the coordinator's)"},
         {"microbatches", PP_ARG_INT, &o.microbatches, 0, 256, "microbatches in flight (default: the coordinator's)"},
@@ -364,7 +367,8 @@ int pp_cmd_cluster(int argc, char **argv)
         rc = check_opts(&o);
     if (rc != 0 || o.help) {
         if (o.help)
-            pp_args_usage("cluster", "--model PATH [--stages P] [--tp W] [--port N] [flags]", args, n);
+            pp_args_usage("cluster", "--model PATH [--stages P] [--tp W] [--port N] [flags]", args,
+                          n);
         pp_id_list_free(&o.layers);
         return rc;
     }

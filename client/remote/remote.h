@@ -52,7 +52,8 @@ typedef int (*pp_remote_keep_going_fn)(void *ud);
 /* Polls Status on addr every 200 ms until state == "serving" (PP_OK, *out holds that response), or
  * timeout_s passes (PP_ERR_IO; why in *why), or keep_going (optional) says stop (PP_ERR_IO,
  * why->stopped set), or, with stop_when_blocked, the response says `blocked` (PP_ERR_PRECONDITION,
- * why->blocked set, the state in why->reason: waiting longer cannot help). A malformed addr fails at once (PP_ERR_INVALID_ARG, detail set). Each poll
+ * why->blocked set, the state in why->reason: waiting longer cannot help). A malformed addr fails
+ * at once (PP_ERR_INVALID_ARG, detail set). Each poll
  * uses a fresh channel, so a coordinator that starts late is not hidden behind gRPC's reconnect
  * backoff; each call's deadline is call_timeout_ms, capped by the time left. The caller holds a
  * pp_rpc_init reference across this call (so gRPC is not restarted for every poll). */

@@ -55,8 +55,8 @@ static void test_stage_degrees(void **state)
     char *flags[] = {"--config", PP_SOURCE_DIR "/deploy/config/stage.cfg", "--tp", "4", "--ep",
                      "2", "--model_root", "/tmp"};
     pp_stage_config_defaults(&c);
-    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 8, flags),
-                     PP_OK);
+    assert_int_equal(
+        pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 8, flags), PP_OK);
     pp_stage_config_degrees(&c, &tp, &ep);
     assert_int_equal(tp, 4);
     assert_int_equal(ep, 2);
