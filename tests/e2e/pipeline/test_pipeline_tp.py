@@ -14,8 +14,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from cluster import (CLEAN_ENV, MODEL_DIM, MODEL_FLAGS, MODEL_VOCAB, PPSERVE, free_port, grpc,
-                     json_line, need_daemons, scaled, wait_until)
+from cluster import (CLEAN_ENV, MODEL_DIM, MODEL_FLAGS, MODEL_VOCAB, PPSERVE, SANITIZER_MARKS,
+                     free_port, grpc, json_line, need_daemons, scaled, wait_until)
 from conftest import rel_err, run
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
@@ -139,6 +139,7 @@ def run_cluster(model, tmp_path, *flags):
 
 
 def stop(proc):
+    """SIGTERM (SIGKILL after 30 s) unless it ended; its log must hold no sanitizer report."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -146,6 +147,8 @@ def stop(proc):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    text = proc.log.read_text(errors="replace")
+    assert not any(m in text for m in SANITIZER_MARKS), text[-5000:]
 
 
 def test_cluster_runs_p_stages_of_w_workers(model, tmp_path):
@@ -172,6 +175,7 @@ def test_cluster_reports_a_tp_the_heads_refuse(model, tmp_path):
     except subprocess.TimeoutExpired:
         stop(proc)
         raise AssertionError("ppserve cluster --tp 3 hung:\n" + proc.log.read_text(errors="replace"))
+    stop(proc)
     text = proc.log.read_text(errors="replace")
     assert rc == 1, text
     line = next((x for x in text.split("\n")
