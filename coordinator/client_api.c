@@ -123,7 +123,7 @@ static void gen_message(void *ud, struct pp_rpc_stream *st, const uint8_t *data,
     }
     pthread_mutex_lock(&co->mu);
     enum co_state state = co->state;
-    char reason[512];
+    char reason[sizeof(co->state_reason)];
     snprintf(reason, sizeof(reason), "%s", co->state_reason);
     int32_t max_context = co->max_context;
     pthread_mutex_unlock(&co->mu);
@@ -240,6 +240,7 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
     out.model = co->cfg.model;
     out.model_id = co->model_id;
     out.state = co->state == CO_SERVING ? "serving" : co->state_reason;
+    out.blocked = co->state != CO_SERVING && co->blocked;
     out.n_stages = (size_t)co->n_stages;
     out.stages = sp;
     double busy_sum = 0;
@@ -258,6 +259,15 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
         if (o->busy_fraction > 1.0)
             o->busy_fraction = 1.0;
         o->tokens_per_s = rate((double)(s->now.tokens - s->then.tokens), wall);
+        o->tp = (uint32_t)s->tp;
+        o->ep = (uint32_t)s->ep;
+        o->bytes_reduced = s->stats.bytes_reduced;
+        /* over the window; while idle, over the stage's whole run (it hardly varies) */
+        o->bytes_reduced_per_token =
+            s->now.tokens > s->then.tokens
+                ? rate((double)(s->now.bytes_reduced - s->then.bytes_reduced),
+                       (double)(s->now.tokens - s->then.tokens))
+                : rate((double)s->stats.bytes_reduced, (double)s->stats.tokens);
         o->queue_depth = s->stats.queue_depth;
         o->bytes_in = s->stats.bytes_in;
         o->bytes_out = s->stats.bytes_out;

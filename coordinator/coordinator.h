@@ -23,6 +23,7 @@
 
 #define CO_MAX_STAGES 64
 #define CO_TRACE_KEEP 4096 /* microbatch timelines kept for Trace */
+#define CO_BLOCKED_RETRY_S 30 /* a refused setup is retried this often (or when stages change) */
 
 enum co_state {
     CO_WAITING,  /* for stages to register */
@@ -35,15 +36,17 @@ enum co_state {
 struct co_stage_sample {
     double at;      /* monotonic seconds when the heartbeat arrived */
     double busy, wall;
-    uint64_t bytes_in, bytes_out, tokens;
+    uint64_t bytes_in, bytes_out, tokens, bytes_reduced;
 };
 
 struct co_stage {
     uint64_t id;
     char address[256];
-    double weight_bps;     /* measured one-token matmul rate */
-    int64_t memory_bytes;
+    double weight_bps;     /* measured one-token matmul rate, with its tp workers */
+    int64_t memory_bytes;  /* the whole stage's */
+    int64_t worker_memory; /* one worker's: its smallest device (memory_bytes / tp without any) */
     uint32_t threads;
+    int32_t tp, ep;        /* its TP degree and expert groups (>= 1) */
     double last_seen;      /* monotonic seconds of the last heartbeat or registration */
     int alive;
     /* assignment */
@@ -127,7 +130,9 @@ struct coordinator {
     pthread_mutex_t mu;
     pthread_cond_t cond;             /* registration, state changes, the release queue */
     enum co_state state;
-    char state_reason[512];
+    char state_reason[1024];
+    int blocked;                     /* the last setup was refused: wait for the stages to change */
+    uint64_t stages_gen;             /* bumped when a stage registers (again) or is dropped */
     int stop;                        /* the release thread ends */
     int draining;                    /* SIGTERM: new requests are refused */
     volatile int *interrupted;       /* set by the signal handler */
@@ -180,8 +185,12 @@ void co_check_stages(struct coordinator *co);
 /* Forgets stage i (with mu held); its channel is kept until exit. */
 void co_stage_drop(struct coordinator *co, int i);
 
-/* setup.c: plan, assign, open the data plane; returns when serving or failed. */
+/* setup.c: plan, assign, open the data plane; returns when serving or failed. A failure that
+ * retrying cannot mend (a stage refused its assignment, no partition fits) sets co->blocked. */
 pp_status co_setup_pipeline(struct coordinator *co);
+/* After a blocked setup (mu NOT held): returns when a stage registers or is dropped, a stage goes
+ * silent, timeout_s passes, or the coordinator is interrupted. */
+void co_setup_wait_change(struct coordinator *co, double timeout_s);
 
 /* client_api.c: Generate, Tokenize, Status, Trace. */
 pp_status co_client_api_add(struct coordinator *co);

@@ -175,8 +175,16 @@ int main(int argc, char **argv)
         st = co_setup_pipeline(co);
         if (st != PP_OK && !g_signal) {
             PP_ERROR("pipeline not formed: %s", pp_error_detail());
+            pthread_mutex_lock(&co->mu);
+            int blocked = co->blocked;
+            pthread_mutex_unlock(&co->mu);
+            /* a refusal is not retried until something changes: a stage restarted with another
+             * configuration, a stage gone, or the retry period (a model file replaced) */
+            if (blocked)
+                co_setup_wait_change(co, CO_BLOCKED_RETRY_S);
+            else
+                sleep(1);
             reset_pipeline(co);
-            sleep(1);
             continue;
         }
         while (!g_signal) {

@@ -6,15 +6,33 @@
 #include <math.h>
 #include <stdlib.h>
 
-static int64_t need_bytes(const struct pp_plan_model *m, int32_t stage, int32_t n_stages,
-                          int32_t layers)
+static int64_t ceil_div(int64_t a, int64_t b)
 {
-    int64_t b = (int64_t)layers * (m->layer_bytes + m->kv_layer_bytes);
+    return (a + b - 1) / b;
+}
+
+int64_t pp_plan_worker_bytes(const struct pp_plan_model *m, int32_t stage, int32_t n_stages,
+                             int32_t tp, int32_t layers)
+{
+    if (tp < 1)
+        tp = 1;
+    /* KV: n_kv_heads / tp heads each, or the one head a worker's query heads read */
+    int64_t kv = m->n_kv_heads > 0
+                     ? ceil_div(m->kv_layer_bytes * (tp <= m->n_kv_heads ? m->n_kv_heads / tp : 1),
+                                m->n_kv_heads)
+                     : ceil_div(m->kv_layer_bytes, tp);
+    int64_t b = (int64_t)layers * (ceil_div(m->layer_bytes, tp) + kv);
     if (stage == 0)
-        b += m->first_bytes;
+        b += m->first_bytes; /* the embedding, whole on every worker */
     if (stage == n_stages - 1)
-        b += m->last_bytes;
+        b += ceil_div(m->last_bytes, tp);
     return b;
+}
+
+static int64_t need_bytes(const struct pp_plan_model *m, const struct pp_plan_stage *s,
+                          int32_t stage, int32_t n_stages, int32_t layers)
+{
+    return pp_plan_worker_bytes(m, stage, n_stages, s->tp, layers);
 }
 
 static pp_status check_inputs(const struct pp_plan_model *m, const struct pp_plan_stage *s,
@@ -49,10 +67,11 @@ pp_status pp_plan_check(const struct pp_plan_model *m, const struct pp_plan_stag
         return pp_error(PP_ERR_INVALID_ARG, "layers: the counts add up to %lld, the model has %d",
                         (long long)total, m->n_layers);
     for (int32_t i = 0; i < n_stages; i++) {
-        int64_t need = need_bytes(m, i, n_stages, counts[i]);
+        int64_t need = need_bytes(m, &stages[i], i, n_stages, counts[i]);
         if (need > stages[i].memory_bytes)
-            return pp_error(PP_ERR_EXHAUSTED, "layers: stage %d needs %lld bytes for %d layers, it "
-                            "has %lld", i, (long long)need, counts[i],
+            return pp_error(PP_ERR_EXHAUSTED, "layers: stage %d needs %lld bytes per worker for %d "
+                            "layers (tp %d), a worker has %lld", i, (long long)need, counts[i],
+                            stages[i].tp > 0 ? stages[i].tp : 1,
                             (long long)stages[i].memory_bytes);
     }
     return PP_OK;
@@ -95,7 +114,7 @@ pp_status pp_plan_partition(const struct pp_plan_model *m, const struct pp_plan_
                 double prev = BEST(i - 1, j - k);
                 if (prev == INFINITY)
                     continue;
-                if (need_bytes(m, i - 1, P, k) > stages[i - 1].memory_bytes)
+                if (need_bytes(m, &stages[i - 1], i - 1, P, k) > stages[i - 1].memory_bytes)
                     continue;
                 double work = k + (i == P ? m->last_extra_layers : 0.0);
                 double t = work * stages[i - 1].seconds_per_layer;
@@ -112,17 +131,18 @@ pp_status pp_plan_partition(const struct pp_plan_model *m, const struct pp_plan_
         }
     }
     if (BEST(P, L) == INFINITY) {
-        int64_t total = 0, need = need_bytes(m, 0, P, 0) + need_bytes(m, P - 1, P, 0) * (P > 1);
+        /* what one worker of each stage could hold at most, against the model's layers */
+        int64_t total = 0, need = m->first_bytes + m->last_bytes +
+                                  (int64_t)L * (m->layer_bytes + m->kv_layer_bytes);
         for (int32_t i = 0; i < P; i++)
-            total += stages[i].memory_bytes;
-        need += (int64_t)L * (m->layer_bytes + m->kv_layer_bytes);
+            total += stages[i].memory_bytes * (stages[i].tp > 1 ? stages[i].tp : 1);
         free(best);
         free(even);
         free(take);
         return pp_error(PP_ERR_EXHAUSTED,
                         "planner: no partition of %d layers fits the stages' memory (the model "
-                        "needs %lld bytes with its KV reserve, the %d stages have %lld)",
-                        L, (long long)need, P, (long long)total);
+                        "needs %lld bytes with its KV reserve, the %d stages' workers have %lld "
+                        "in all)", L, (long long)need, P, (long long)total);
     }
     for (int32_t i = P, j = L; i >= 1; i--) {
         counts[i - 1] = TAKE(i, j);

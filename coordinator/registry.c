@@ -23,6 +23,27 @@ static struct co_stage *find_by_address(struct coordinator *co, const char *addr
     return NULL;
 }
 
+/* What a registration says about the stage: its speed, memory and degrees. A stage from before
+ * TP reports tp 0 and no per-worker devices: one worker with all the memory. */
+static void describe(struct co_stage *s, const Ppserve__V1__RegisterRequest *req)
+{
+    s->weight_bps = req->weight_bytes_per_second;
+    s->memory_bytes = (int64_t)req->memory_bytes;
+    s->threads = req->compute_threads;
+    s->tp = req->tp > 0 ? (int32_t)req->tp : 1;
+    s->ep = req->ep > 0 ? (int32_t)req->ep : 1;
+    /* a worker holds what its smallest device holds; CPU shards report the host's memory split
+     * among them */
+    s->worker_memory = 0;
+    for (size_t i = 0; i < req->n_devices; i++) {
+        int64_t m = (int64_t)req->devices[i]->memory_bytes;
+        if (m > 0 && (s->worker_memory == 0 || m < s->worker_memory))
+            s->worker_memory = m;
+    }
+    if (s->worker_memory == 0 || req->n_devices != (size_t)s->tp)
+        s->worker_memory = s->memory_bytes / s->tp;
+}
+
 static pp_status on_register(void *ud, const ProtobufCMessage *msg, struct pp_buf *resp)
 {
     struct coordinator *co = ud;
@@ -44,8 +65,11 @@ static pp_status on_register(void *ud, const ProtobufCMessage *msg, struct pp_bu
         if (co->state == CO_SERVING || co->state == CO_STARTING)
             co_pipeline_down(co, "stage %s registered again (it restarted and lost its layers)",
                              s->address);
+        describe(s, req);
         s->last_seen = pp_clock_mono();
         out.stage_id = s->id;
+        co->stages_gen++;
+        pthread_cond_broadcast(&co->cond);
     } else if (s || co->state == CO_WAITING) {
         if (!s) {
             if (co->n_stages >= (int)co->cfg.stages) {
@@ -58,15 +82,15 @@ static pp_status on_register(void *ud, const ProtobufCMessage *msg, struct pp_bu
             s->id = ++co->next_stage_id;
             snprintf(s->address, sizeof(s->address), "%s", req->advertised_address);
         }
-        s->weight_bps = req->weight_bytes_per_second;
-        s->memory_bytes = (int64_t)req->memory_bytes;
-        s->threads = req->compute_threads;
+        describe(s, req);
         s->last_seen = pp_clock_mono();
         s->alive = 1;
         out.stage_id = s->id;
-        PP_INFO("stage registered id=%llu address=%s threads=%u weight_gbps=%.2f (%d of %lld)",
-                (unsigned long long)s->id, s->address, s->threads, s->weight_bps / 1e9,
-                co->n_stages, (long long)co->cfg.stages);
+        co->stages_gen++;
+        PP_INFO("stage registered id=%llu address=%s threads=%u tp=%d ep=%d weight_gbps=%.2f "
+                "worker_memory_mib=%lld (%d of %lld)", (unsigned long long)s->id, s->address,
+                s->threads, s->tp, s->ep, s->weight_bps / 1e9,
+                (long long)(s->worker_memory >> 20), co->n_stages, (long long)co->cfg.stages);
         pthread_cond_broadcast(&co->cond);
     } else {
         st = pp_error(PP_ERR_EXHAUSTED, "the pipeline already has its %d stages", co->n_stages);
@@ -99,9 +123,11 @@ static pp_status on_heartbeat(void *ud, const ProtobufCMessage *msg, struct pp_b
             st.kv_blocks_used = in->kv_blocks_used;
             st.kv_blocks_total = in->kv_blocks_total;
             st.tokens = in->tokens;
+            st.bytes_reduced = in->bytes_reduced;
             s->stats = st;
-            struct co_stage_sample smp = {now, st.busy_seconds, st.wall_seconds, st.bytes_in,
-                                          st.bytes_out, st.tokens};
+            struct co_stage_sample smp = {now,         st.busy_seconds, st.wall_seconds,
+                                          st.bytes_in, st.bytes_out,    st.tokens,
+                                          st.bytes_reduced};
             /* rates cover a window of 2 to 4 seconds: the last heartbeat against an older one */
             if (s->then.at == 0 || now - s->then.at > 4.0)
                 s->then = s->now.at != 0 ? s->now : smp;
@@ -143,6 +169,7 @@ void co_stage_drop(struct coordinator *co, int i)
     /* keep the pipeline order of the others */
     memmove(&co->stages[i], &co->stages[i + 1], (size_t)(co->n_stages - i - 1) * sizeof(co->stages[0]));
     co->n_stages--;
+    co->stages_gen++;
 }
 
 pp_status co_registry_add(struct coordinator *co)

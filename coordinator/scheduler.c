@@ -422,7 +422,7 @@ void co_pipeline_down(struct coordinator *co, const char *fmt, ...)
     PP_ERROR("pipeline down: %s", co->state_reason);
     pp_rpc_health_set(co->health, "", PP_HEALTH_NOT_SERVING);
     pp_rpc_health_set(co->health, "ppserve.v1.Ppserve", PP_HEALTH_NOT_SERVING);
-    char why[600];
+    char why[sizeof(co->state_reason) + 32];
     snprintf(why, sizeof(why), "pipeline down: %s", co->state_reason);
     co_fail_all(co, PP_ERR_UNAVAILABLE, why);
     pthread_cond_broadcast(&co->cond);

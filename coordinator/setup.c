@@ -47,6 +47,16 @@ static const struct pp_rpc_stream_cbs first_hop_cbs = {
     .on_end = on_first_hop_end,
 };
 
+/* The setup failed in a way that retrying cannot mend (mu held): the pipeline is down with the
+ * reason, and Status says so until a stage changes. */
+static void block(struct coordinator *co)
+{
+    co->state = CO_DOWN;
+    co->blocked = 1;
+    snprintf(co->state_reason, sizeof(co->state_reason), "%s (the coordinator tries again when a "
+             "stage registers or leaves, and every %d s)", pp_error_detail(), CO_BLOCKED_RETRY_S);
+}
+
 /* Waits until cfg.stages stages are alive (mu held). */
 static pp_status wait_for_stages(struct coordinator *co)
 {
@@ -76,12 +86,15 @@ static pp_status plan(struct coordinator *co, int32_t *counts)
         .first_bytes = co->first_bytes,
         .last_bytes = co->last_bytes,
         .last_extra_layers = co->layer_bytes > 0 ? (double)co->last_bytes / co->layer_bytes : 0,
+        .n_kv_heads = co->mcfg.n_kv_heads,
     };
     struct pp_plan_stage ps[CO_MAX_STAGES];
     for (int i = 0; i < n; i++) {
         const struct co_stage *s = &co->stages[i];
+        /* the probe ran the stage's tp workers together: its rate is the stage's, TP included */
         ps[i].seconds_per_layer = s->weight_bps > 0 ? (double)co->layer_bytes / s->weight_bps : 1.0;
-        ps[i].memory_bytes = s->memory_bytes > 0 ? s->memory_bytes : INT64_MAX / 4;
+        ps[i].memory_bytes = s->worker_memory > 0 ? s->worker_memory : INT64_MAX / 4;
+        ps[i].tp = s->tp;
     }
     if (co->cfg.layers.n > 0) {
         for (int i = 0; i < n; i++)
@@ -89,6 +102,15 @@ static pp_status plan(struct coordinator *co, int32_t *counts)
         return pp_plan_check(&pm, ps, n, counts);
     }
     return pp_plan_partition(&pm, ps, n, counts);
+}
+
+/* A stage answered, and retrying the same assignment would get the same answer: its
+ * configuration, its copy of the model or its memory has to change first. */
+static int refused(pp_status st)
+{
+    return st == PP_ERR_INVALID_ARG || st == PP_ERR_PRECONDITION || st == PP_ERR_NOT_FOUND ||
+           st == PP_ERR_EXHAUSTED || st == PP_ERR_FORMAT || st == PP_ERR_UNSUPPORTED ||
+           st == PP_ERR_OUT_OF_RANGE;
 }
 
 /* One Assign call (mu NOT held). */
@@ -110,9 +132,14 @@ static pp_status assign_one(struct coordinator *co, struct co_stage *s, int inde
     pp_status st = pp_rpc_call(s->ch, "/ppserve.v1.Stage/Assign", &a.base,
                                &ppserve__v1__assign_response__descriptor, ASSIGN_TIMEOUT_MS, &resp,
                                NULL);
-    if (st != PP_OK)
-        return pp_error(st, "assigning layers [%d, %d) to stage %d (%s): %s", s->first, s->last,
-                        index, s->address, pp_error_detail());
+    if (st != PP_OK) {
+        /* the stage's own words, without the method name the call put first */
+        const char *d = pp_error_detail(), *method = "/ppserve.v1.Stage/Assign: ";
+        if (strncmp(d, method, strlen(method)) == 0)
+            d += strlen(method);
+        return pp_error(st, "stage %d (%s, tp %d) %s layers [%d, %d): %s", index, s->address,
+                        s->tp, refused(st) ? "refused" : "could not take", s->first, s->last, d);
+    }
     const Ppserve__V1__AssignResponse *r = (const Ppserve__V1__AssignResponse *)resp;
     s->kv_blocks = r->kv_blocks;
     s->kv_block_tokens = r->kv_block_tokens;
@@ -159,12 +186,14 @@ pp_status co_setup_pipeline(struct coordinator *co)
         return st;
     }
     co->state = CO_STARTING;
+    co->blocked = 0;
     snprintf(co->state_reason, sizeof(co->state_reason), "assigning layers");
     int n = co->n_stages;
     int32_t counts[CO_MAX_STAGES];
     st = plan(co, counts);
     if (st != PP_OK) {
-        snprintf(co->state_reason, sizeof(co->state_reason), "no partition: %s", pp_error_detail());
+        st = pp_error(st, "no partition: %s", pp_error_detail());
+        block(co);
         pthread_mutex_unlock(&co->mu);
         return st;
     }
@@ -230,10 +259,34 @@ pp_status co_setup_pipeline(struct coordinator *co)
                 "microbatches=%d", n, ranges, co->kv_blocks_cap, co->max_seqs, co->max_context,
                 co->max_in_flight);
         co_schedule(co);
+    } else if (co->state == CO_STARTING && refused(st)) {
+        block(co);
     } else if (co->state == CO_STARTING) {
         co->state = CO_DOWN;
         snprintf(co->state_reason, sizeof(co->state_reason), "%s", pp_error_detail());
     }
     pthread_mutex_unlock(&co->mu);
     return st;
+}
+
+void co_setup_wait_change(struct coordinator *co, double timeout_s)
+{
+    pthread_mutex_lock(&co->mu);
+    uint64_t gen = co->stages_gen;
+    double deadline = pp_clock_mono() + timeout_s;
+    int silent = 0;
+    while (!*co->interrupted && co->stages_gen == gen && !silent && pp_clock_mono() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&co->cond, &co->mu, &ts);
+        co_check_stages(co);
+        for (int i = 0; i < co->n_stages; i++)
+            silent |= !co->stages[i].alive;
+    }
+    pthread_mutex_unlock(&co->mu);
 }

@@ -1,8 +1,9 @@
 /* Assign and Release, the coordinator's control of a stage. Assign checks the request against this
  * host (the model name stays inside the model root, the copy there has the coordinator's identity,
- * the layer range fits the model, the next hop matches the range), drops the previous assignment,
- * opens the model range with a CPU backend and an executor, and opens the outgoing hop. Loading runs
- * in the handler: the server has more than one thread, so other calls are answered meanwhile.
+ * the stage's tp/ep split the model, the layer range fits the model, the next hop matches the
+ * range), drops the previous assignment, opens the model range with tp CPU worker backends (the
+ * threads shared among them) and a tensor-parallel executor, and opens the outgoing hop. Loading
+ * runs in the handler: the server has more than one thread, so other calls are answered meanwhile.
  * Release frees sequences' KV and token history. */
 #include <errno.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include "common/log.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "model/shard.h"
 #include "pipeline/model_path.h"
 #include "stage/stage.h"
 
@@ -36,6 +38,9 @@ static pp_status validate(struct pp_stage *s, const Ppserve__V1__Assignment *m,
     if ((st = pp_model_read_config(path, &cfg)) != PP_OK)
         return pp_stage_error_wrap(st, "model '%s'", m->model);
     *n_layers = cfg.n_layers;
+    /* the stage's own degrees must split this model: refused before anything is dropped */
+    if ((st = pp_shard_check(&cfg, s->tp, s->ep, path)) != PP_OK)
+        return pp_stage_error_wrap(st, "tp %d, ep %d (this stage's keys)", s->tp, s->ep);
     if (m->first_layer < 0 || m->last_layer <= m->first_layer || m->last_layer > cfg.n_layers)
         return pp_error(PP_ERR_INVALID_ARG, "layers [%d, %d): expected a non-empty range inside "
                         "the model's [0, %d)", m->first_layer, m->last_layer, cfg.n_layers);
@@ -73,8 +78,7 @@ static void asg_free(struct pp_stage_assignment *a, int hop_timeout_ms)
         return;
     pp_stage_out_close(a->out, hop_timeout_ms);
     pp_executor_free(a->ex);
-    if (a->be)
-        a->be->ops->free(a->be);
+    pp_backend_free_all(a->bes, a->n_workers);
     pp_model_free(a->model);
     pp_sampler_free(a->sampler);
     pp_stage_history_free(a->history);
@@ -101,16 +105,18 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
     a->n_layers = n_layers;
     a->max_batch_tokens = m->max_batch_tokens > 0 ? (int32_t)m->max_batch_tokens
                                                   : (int32_t)s->cfg.max_batch_tokens;
+    a->n_workers = s->tp;
     pp_status st = pp_model_open(path, m->first_layer, m->last_layer, &a->model);
     if (st == PP_OK)
-        st = pp_backend_cpu_new((int)s->cfg.threads, &a->be);
+        st = pp_backend_cpu_new_workers((int)s->cfg.threads, a->n_workers, a->bes);
     if (st == PP_OK) {
         struct pp_executor_opts eo = {0};
         eo.max_batch_tokens = a->max_batch_tokens;
         eo.kv_budget_bytes = m->kv_budget_bytes > 0 ? (int64_t)m->kv_budget_bytes
                                                     : s->cfg.kv_mb * ((int64_t)1 << 20);
         eo.max_seqs = PP_STAGE_MAX_SEQS;
-        st = pp_executor_new(a->model, a->be, &eo, &a->ex);
+        eo.ep = s->ep;
+        st = pp_executor_new_workers(a->model, a->bes, a->n_workers, &eo, &a->ex);
     }
     if (st == PP_OK) {
         a->dim = a->model->cfg.dim;
@@ -243,10 +249,10 @@ pp_status pp_stage_assign_handler(void *ud, const ProtobufCMessage *req, struct 
     r.max_seqs = (uint32_t)kv->max_seqs;
     r.max_context = pp_executor_max_context(a->ex);
     PP_INFO("assigned: index=%u n_stages=%u model=%s id=%s layers=%d..%d next=%s kv_blocks=%u "
-            "block_tokens=%u weight_bytes=%llu max_batch_tokens=%d load_s=%.3f",
+            "block_tokens=%u weight_bytes=%llu max_batch_tokens=%d tp=%d ep=%d load_s=%.3f",
             a->index, a->n_stages, a->model_name, a->model_id, a->first_layer, a->last_layer,
             a->out->target, r.kv_blocks, r.kv_block_tokens, (unsigned long long)r.weight_bytes,
-            a->max_batch_tokens, pp_clock_mono() - t0);
+            a->max_batch_tokens, s->tp, s->ep, pp_clock_mono() - t0);
     pthread_mutex_unlock(&s->assign_mu);
     return pp_rpc_pack(&r.base, resp);
 }

@@ -180,10 +180,14 @@ static pp_status compute(struct pp_stage *s, struct pp_stage_assignment *a, stru
     if (st != PP_OK)
         snprintf(msg, msg_len, "stage %u (layers %d..%d): %s", a->index, a->first_layer,
                  a->last_layer, pp_error_detail()[0] ? pp_error_detail() : pp_strerror(st));
+    int64_t reduced = pp_executor_bytes_reduced(a->ex);
+    uint64_t reduced_new = (uint64_t)(reduced - a->reduced_seen);
+    a->reduced_seen = reduced;
     pthread_mutex_lock(&s->stats_mu);
     s->busy_seconds += dt;
     if (st == PP_OK)
         s->tokens += (uint64_t)rows;
+    s->bytes_reduced += reduced_new;
     pthread_mutex_unlock(&s->stats_mu);
     return st;
 }

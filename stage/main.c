@@ -180,7 +180,12 @@ int main(int argc, char **argv)
     }
     s->serving_since = pp_clock_mono();
     PP_INFO("stage listening on %s", s->advertise);
-    if (pp_stage_probe((int)s->cfg.threads, &s->weight_bytes_per_second) != PP_OK)
+    pp_stage_config_degrees(&s->cfg, &s->tp, &s->ep);
+    PP_INFO("workers: tp=%d ep=%d threads=%lld", s->tp, s->ep, (long long)s->cfg.threads);
+    if (s->tp > s->cfg.threads)
+        PP_WARN("tp %d with %lld threads: each worker still runs one thread, so %d threads share "
+                "the cores", s->tp, (long long)s->cfg.threads, s->tp);
+    if (pp_stage_probe((int)s->cfg.threads, s->tp, &s->weight_bytes_per_second) != PP_OK)
         PP_WARN("probe failed: %s (reporting speed 0)", pp_error_detail());
     if ((st = pp_stage_compute_start(s)) != PP_OK || (st = pp_stage_control_start(s)) != PP_OK) {
         PP_ERROR("%s", pp_error_detail());

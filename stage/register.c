@@ -55,15 +55,23 @@ static pp_status reconnect(struct pp_stage *s, struct pp_rpc_channel **ch)
 static pp_status register_once(struct pp_stage *s, struct pp_rpc_channel *ch)
 {
     uint64_t mem = physical_memory();
-    Ppserve__V1__Device dev = PPSERVE__V1__DEVICE__INIT;
-    dev.name = "cpu";
-    dev.memory_bytes = mem;
-    Ppserve__V1__Device *devs[1] = {&dev};
+    /* one device per worker: the CPU shards share the host's memory evenly */
+    Ppserve__V1__Device dev[PP_STAGE_MAX_WORKERS], *devs[PP_STAGE_MAX_WORKERS];
+    char names[PP_STAGE_MAX_WORKERS][16];
+    for (int r = 0; r < s->tp; r++) {
+        ppserve__v1__device__init(&dev[r]);
+        snprintf(names[r], sizeof(names[r]), "cpu:%d", r);
+        dev[r].name = names[r];
+        dev[r].memory_bytes = mem / (uint64_t)s->tp;
+        devs[r] = &dev[r];
+    }
     Ppserve__V1__RegisterRequest req = PPSERVE__V1__REGISTER_REQUEST__INIT;
     req.protocol_version = PP_STAGE_PROTOCOL;
     req.advertised_address = s->advertise;
-    req.n_devices = 1;
+    req.n_devices = (size_t)s->tp;
     req.devices = devs;
+    req.tp = (uint32_t)s->tp;
+    req.ep = (uint32_t)s->ep;
     req.memory_bytes = mem;
     req.layer_seconds_per_token = 0; /* unknown until a model runs */
     req.compute_threads = (uint32_t)s->cfg.threads;
@@ -86,9 +94,9 @@ static int register_loop(struct pp_stage *s, struct pp_rpc_channel **ch)
         pp_status st = *ch ? register_once(s, *ch)
                            : pp_error(PP_ERR_UNAVAILABLE, "no channel to %s", s->cfg.coordinator);
         if (st == PP_OK) {
-            PP_INFO("registered: stage_id=%llu coordinator=%s advertised=%s attempts=%llu",
-                    (unsigned long long)s->stage_id, s->cfg.coordinator, s->advertise,
-                    (unsigned long long)attempt + 1);
+            PP_INFO("registered: stage_id=%llu coordinator=%s advertised=%s tp=%d ep=%d "
+                    "attempts=%llu", (unsigned long long)s->stage_id, s->cfg.coordinator,
+                    s->advertise, s->tp, s->ep, (unsigned long long)attempt + 1);
             return 1;
         }
         if (attempt % 10 == 0)
@@ -113,6 +121,7 @@ static void fill_stats(struct pp_stage *s, Ppserve__V1__StageStats *st, char *ho
     st->kv_blocks_used = s->kv_used;
     st->kv_blocks_total = s->kv_total;
     st->tokens = s->tokens;
+    st->bytes_reduced = s->bytes_reduced;
     snprintf(hop_error, n, "%s", s->hop_error);
     pthread_mutex_unlock(&s->stats_mu);
 }

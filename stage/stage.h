@@ -44,6 +44,7 @@
 
 #define PP_STAGE_PROTOCOL PPSERVE__V1__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT
 #define PP_STAGE_MAX_SEQS 256
+#define PP_STAGE_MAX_WORKERS 64 /* the tp key's limit */
 #define PP_STAGE_SLACK_BYTES (64 << 10) /* inbound limit above max_batch_tokens × dim × 4 */
 
 struct pp_stage;
@@ -115,8 +116,10 @@ struct pp_stage_assignment {
     int32_t max_batch_tokens;
     uint64_t max_bytes;              /* an inbound microbatch's payload limit */
     struct pp_model *model;
-    struct pp_backend *be;
+    int32_t n_workers;                            /* the stage's tp */
+    struct pp_backend *bes[PP_STAGE_MAX_WORKERS]; /* [n_workers] one CPU backend per worker */
     struct pp_executor *ex;
+    int64_t reduced_seen;            /* pp_executor_bytes_reduced already added to the stats */
     struct pp_stage_out *out;
     struct pp_sampler *sampler;          /* last stage */
     struct pp_stage_history *history;    /* last stage: token ids per sequence */
@@ -142,7 +145,8 @@ struct pp_stage_info {
 struct pp_stage {
     struct pp_stage_config cfg; /* immutable after start-up */
     char advertise[PP_CFG_STR_MAX + 16]; /* host:port as registered */
-    double weight_bytes_per_second; /* from the probe */
+    int32_t tp, ep;                 /* the degrees it runs with (pp_stage_config_degrees) */
+    double weight_bytes_per_second; /* from the probe, with tp workers */
     double serving_since;           /* monotonic seconds */
     struct pp_rpc_server *server;
     struct pp_rpc_health *health;
@@ -179,6 +183,7 @@ struct pp_stage {
     pthread_mutex_t stats_mu;
     double busy_seconds;
     uint64_t bytes_in, bytes_out, tokens;
+    uint64_t bytes_reduced; /* per worker, over every assignment */
     uint32_t kv_used, kv_total;
     char hop_error[768];
 };
@@ -195,9 +200,11 @@ int pp_stage_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double dea
 pp_status pp_stage_error_wrap(pp_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- probe.c ---- */
-/* Times a one-token matmul over a synthetic 64 MiB f16 weight with the CPU backend and `threads`
- * threads (best of 5 after a warm-up); *bytes_per_second = weight bytes / seconds. */
-pp_status pp_stage_probe(int threads, double *bytes_per_second);
+/* Times a one-token matmul over a synthetic 64 MiB f16 weight as the stage will run it: `workers`
+ * CPU backends sharing `threads` threads (pp_backend_cpu_new_workers), each computing its slice of
+ * the weight's rows on its own thread, all at once (best of 5 after a warm-up); *bytes_per_second
+ * = weight bytes / seconds until the last worker is done. */
+pp_status pp_stage_probe(int threads, int workers, double *bytes_per_second);
 
 /* ---- register.c: the control thread ---- */
 pp_status pp_stage_control_start(struct pp_stage *s);

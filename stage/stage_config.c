@@ -15,7 +15,9 @@ const struct pp_cfg_key pp_stage_config_keys[] = {
     KEY("listen", PP_CFG_STRING, listen, 0, 0, "host:port to serve on"),
     KEY("advertise", PP_CFG_STRING, advertise, 0, 0, "host:port others reach this stage at"),
     KEY("model_root", PP_CFG_STRING, model_root, 0, 0, "folder models are loaded from"),
-    KEY("threads", PP_CFG_INT, threads, 1, 1024, "compute threads"),
+    KEY("threads", PP_CFG_INT, threads, 1, 1024, "compute threads, shared among the tp workers"),
+    KEY("tp", PP_CFG_INT, tp, 0, 64, "tensor-parallel workers (0 = 1, or ep when ep is set)"),
+    KEY("ep", PP_CFG_INT, ep, 0, 64, "expert groups among the workers, MoE models (0 = 1)"),
     KEY("kv_mb", PP_CFG_INT, kv_mb, 1, 1 << 24, "KV cache budget in MiB"),
     KEY("max_batch_tokens", PP_CFG_INT, max_batch_tokens, 1, 1 << 16, "rows computed together"),
     KEY("queue_depth", PP_CFG_INT, queue_depth, 1, 1024, "microbatches queued before reading stops"),
@@ -50,5 +52,16 @@ pp_status pp_stage_config_check(const struct pp_stage_config *c)
     struct stat sb;
     if (stat(c->model_root, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return pp_error(PP_ERR_INVALID_ARG, "key 'model_root': '%s' is not a folder", c->model_root);
+    int32_t tp, ep;
+    pp_stage_config_degrees(c, &tp, &ep);
+    if (tp % ep != 0)
+        return pp_error(PP_ERR_INVALID_ARG, "key 'ep': expected a divisor of tp (%d), got %d", tp,
+                        ep);
     return PP_OK;
+}
+
+void pp_stage_config_degrees(const struct pp_stage_config *c, int32_t *tp, int32_t *ep)
+{
+    *ep = c->ep > 0 ? (int32_t)c->ep : 1;
+    *tp = c->tp > 0 ? (int32_t)c->tp : c->ep > 0 ? (int32_t)c->ep : 1;
 }

@@ -10,7 +10,9 @@ struct pp_stage_config {
     char listen[PP_CFG_STR_MAX];      /* host:port this stage serves on */
     char advertise[PP_CFG_STR_MAX];   /* host:port others reach it at ("" = listen) */
     char model_root[PP_CFG_STR_MAX];  /* models are loaded only from below this folder */
-    int64_t threads;                  /* compute threads */
+    int64_t threads;                  /* compute threads, shared among the tp workers */
+    int64_t tp;                       /* tensor-parallel workers; 0 = 1, or ep when ep is set */
+    int64_t ep;                       /* expert groups among the workers (MoE); 0 = 1 */
     int64_t kv_mb;                    /* KV cache budget */
     int64_t max_batch_tokens;         /* rows computed together */
     int64_t queue_depth;              /* microbatches waiting before the stage stops reading */
@@ -24,7 +26,12 @@ extern const int pp_stage_config_n_keys;
 
 void pp_stage_config_defaults(struct pp_stage_config *c);
 /* Checks what one key alone cannot: a coordinator address is given, log_level is known,
- * model_root is a folder. */
+ * model_root is a folder, ep divides tp. */
 pp_status pp_stage_config_check(const struct pp_stage_config *c);
+
+/* The degrees the stage runs with: tp workers (ep alone sets it: pure expert parallelism, as
+ * `ppserve run --ep E`) in ep expert groups (at least 1). Whether the model can be split so is
+ * checked per assignment (pp_shard_check). */
+void pp_stage_config_degrees(const struct pp_stage_config *c, int32_t *tp, int32_t *ep);
 
 #endif

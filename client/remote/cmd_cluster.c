@@ -1,7 +1,9 @@
 /* ppserve cluster: a whole pipeline on this machine for trying things out. Starts one
- * ppserve-coordinator and N ppserve-stage processes on loopback, waits until the coordinator says
- * "serving", shows the status table, and supervises: Ctrl-C or SIGTERM stops them all (exit 0); a
- * daemon that dies on its own stops the rest (exit 1). */
+ * ppserve-coordinator and N ppserve-stage processes on loopback (each with --tp/--ep workers when
+ * given: N stages x W-way tensor parallelism), waits until the coordinator says "serving", shows
+ * the status table, and supervises: Ctrl-C or SIGTERM stops them all (exit 0); a daemon that dies
+ * on its own, or a pipeline the coordinator says cannot form (a stage refused its assignment),
+ * stops the rest (exit 1). */
 #include <errno.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -29,6 +31,8 @@ struct cluster_opts {
     char layers_text[1024]; /* the same list for the coordinator's --layers; "" = planned */
     int32_t port;
     int32_t threads;
+    int32_t tp;
+    int32_t ep;
     int32_t kv_mb;
     int32_t max_batch_tokens;
     int32_t microbatches;
@@ -191,11 +195,13 @@ static int start_coordinator(struct cluster *c, const struct cluster_opts *o,
 static int start_stage(struct cluster *c, int i, const struct cluster_opts *o,
                        const struct model_path *m, const char *path, const sigset_t *mask)
 {
-    char coord[64], threads[16], kv[16];
+    char coord[64], threads[16], kv[16], tp[16], ep[16];
     snprintf(coord, sizeof(coord), "127.0.0.1:%d", o->port);
     snprintf(threads, sizeof(threads), "%d", o->threads);
     snprintf(kv, sizeof(kv), "%d", o->kv_mb);
-    char *argv[20];
+    snprintf(tp, sizeof(tp), "%d", o->tp);
+    snprintf(ep, sizeof(ep), "%d", o->ep);
+    char *argv[24];
     int k = 0;
     argv[k++] = "ppserve-stage";
     argv[k++] = "--coordinator";
@@ -209,6 +215,14 @@ static int start_stage(struct cluster *c, int i, const struct cluster_opts *o,
     if (o->kv_mb > 0) {
         argv[k++] = "--kv_mb";
         argv[k++] = kv;
+    }
+    if (o->tp > 0) {
+        argv[k++] = "--tp";
+        argv[k++] = tp;
+    }
+    if (o->ep > 0) {
+        argv[k++] = "--ep";
+        argv[k++] = ep;
     }
     argv[k++] = "--log_level";
     argv[k++] = (char *)o->log_level;
@@ -229,12 +243,14 @@ static int wait_serving(struct cluster *c, const struct cluster_opts *o,
     double left = deadline - pp_clock_mono();
     pp_rpc_init();
     pp_status st = pp_remote_wait_serving(addr, left > 0 ? left : 0, POLL_CALL_TIMEOUT_MS,
-                                          keep_going, c, &s, &why);
+                                          keep_going, c, 1, &s, &why);
     if (st == PP_OK) {
         printf("ppserve cluster: serving %s on %s with %d stages\n", m->name, addr, o->stages);
         pp_remote_status_print(stdout, s);
         fflush(stdout);
         protobuf_c_message_free_unpacked(&s->base, NULL);
+    } else if (why.blocked) { /* every stage runs with the same flags: nothing will change */
+        fprintf(stderr, "ppserve cluster: error: the pipeline cannot form: %s\n", why.reason);
     } else if (!why.stopped) { /* (when stopped, the caller says why) */
         fprintf(stderr, "ppserve cluster: error: not serving after %.0f s: %s\n", STARTUP_TIMEOUT_S,
                 why.reason);
@@ -290,6 +306,11 @@ static int check_opts(struct cluster_opts *o)
         fprintf(stderr, "ppserve cluster: --model is required\n");
         return 2;
     }
+    if (o->tp > 0 && o->ep > 0 && o->tp % o->ep != 0) {
+        fprintf(stderr, "ppserve cluster: --ep: expected a divisor of --tp (%d), got %d\n", o->tp,
+                o->ep);
+        return 2;
+    }
     if (o->layers.ids) {
         if (o->layers.n != o->stages) {
             fprintf(stderr, "ppserve cluster: --layers: expected one count per stage (%d), "
@@ -328,7 +349,12 @@ int pp_cmd_cluster(int argc, char **argv)
         {"stages", PP_ARG_INT, &o.stages, 1, 64, "stage processes (default 2)"},
         {"layers", PP_ARG_IDS, &o.layers, 0, 0, "layers per stage, e.g. 2,3,3 (default: planned)"},
         {"port", PP_ARG_INT, &o.port, 1, 65535, "the coordinator's port on 127.0.0.1 (default 7000)"},
-        {"threads", PP_ARG_INT, &o.threads, 1, 1024, "compute threads per stage (default: CPUs / stages)"},
+        {"threads", PP_ARG_INT, &o.threads, 1, 1024,
+         "compute threads per stage, shared by its tp workers (default: CPUs / stages)"},
+        {"tp", PP_ARG_INT, &o.tp, 1, 64,
+         "tensor-parallel workers per stage, stages x tp in all (default 1; --ep alone sets it)"},
+        {"ep", PP_ARG_INT, &o.ep, 1, 64,
+         "expert groups among each stage's workers (MoE models; divides tp)"},
         {"kv-mb", PP_ARG_INT, &o.kv_mb, 1, 1 << 24, "KV cache per stage in MiB (default: the stage's)"},
         {"max-batch-tokens", PP_ARG_INT, &o.max_batch_tokens, 1, 1 << 16, "token budget of one microbatch (default: the coordinator's)"},
         {"microbatches", PP_ARG_INT, &o.microbatches, 0, 256, "microbatches in flight (default: the coordinator's)"},
@@ -341,7 +367,8 @@ int pp_cmd_cluster(int argc, char **argv)
         rc = check_opts(&o);
     if (rc != 0 || o.help) {
         if (o.help)
-            pp_args_usage("cluster", "--model PATH [--stages N] [--port P] [flags]", args, n);
+            pp_args_usage("cluster", "--model PATH [--stages P] [--tp W] [--port N] [flags]", args,
+                          n);
         pp_id_list_free(&o.layers);
         return rc;
     }

@@ -49,7 +49,8 @@ static int status_wait(const struct status_opts *o)
 {
     Ppserve__V1__StatusResponse *s = NULL;
     struct pp_remote_wait why;
-    pp_status st = pp_remote_wait_serving(o->addr, o->wait_s, o->timeout_ms, NULL, NULL, &s, &why);
+    pp_status st = pp_remote_wait_serving(o->addr, o->wait_s, o->timeout_ms, NULL, NULL, 0, &s,
+                                          &why);
     if (st == PP_ERR_INVALID_ARG)
         return pp_remote_fail("status", st);
     if (st != PP_OK) {

@@ -64,7 +64,8 @@ static void sleep_seconds(double s)
 
 pp_status pp_remote_wait_serving(const char *addr, double timeout_s, int64_t call_timeout_ms,
                                  pp_remote_keep_going_fn keep_going, void *ud,
-                                 Ppserve__V1__StatusResponse **out, struct pp_remote_wait *why)
+                                 int stop_when_blocked, Ppserve__V1__StatusResponse **out,
+                                 struct pp_remote_wait *why)
 {
     double deadline = pp_clock_mono() + timeout_s;
     memset(why, 0, sizeof(*why));
@@ -88,9 +89,12 @@ pp_status pp_remote_wait_serving(const char *addr, double timeout_s, int64_t cal
         }
         if (st == PP_OK) {
             why->got_response = 1;
+            why->blocked = s->blocked;
             snprintf(why->reason, sizeof(why->reason), "%s", s->state && s->state[0] ? s->state
                                                                  : "(no state given)");
             protobuf_c_message_free_unpacked(&s->base, NULL);
+            if (why->blocked && stop_when_blocked)
+                return PP_ERR_PRECONDITION;
         } else {
             why->got_response = 0;
             snprintf(why->reason, sizeof(why->reason), "%s", pp_remote_error_text(st));

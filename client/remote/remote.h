@@ -42,7 +42,8 @@ int pp_remote_status_serving(const Ppserve__V1__StatusResponse *s);
 struct pp_remote_wait {
     int got_response;  /* the coordinator answered (state below), else a call failed (error) */
     int stopped;       /* keep_going said stop */
-    char reason[512];
+    int blocked;       /* the coordinator said its stages cannot form a pipeline as they are */
+    char reason[1024];
 };
 
 /* Returns 1 to go on polling, 0 to give up (e.g. a supervised process died). */
@@ -50,13 +51,16 @@ typedef int (*pp_remote_keep_going_fn)(void *ud);
 
 /* Polls Status on addr every 200 ms until state == "serving" (PP_OK, *out holds that response), or
  * timeout_s passes (PP_ERR_IO; why in *why), or keep_going (optional) says stop (PP_ERR_IO,
- * why->stopped set). A malformed addr fails at once (PP_ERR_INVALID_ARG, detail set). Each poll
+ * why->stopped set), or, with stop_when_blocked, the response says `blocked` (PP_ERR_PRECONDITION,
+ * why->blocked set, the state in why->reason: waiting longer cannot help). A malformed addr fails
+ * at once (PP_ERR_INVALID_ARG, detail set). Each poll
  * uses a fresh channel, so a coordinator that starts late is not hidden behind gRPC's reconnect
  * backoff; each call's deadline is call_timeout_ms, capped by the time left. The caller holds a
  * pp_rpc_init reference across this call (so gRPC is not restarted for every poll). */
 pp_status pp_remote_wait_serving(const char *addr, double timeout_s, int64_t call_timeout_ms,
                                  pp_remote_keep_going_fn keep_going, void *ud,
-                                 Ppserve__V1__StatusResponse **out, struct pp_remote_wait *why);
+                                 int stop_when_blocked, Ppserve__V1__StatusResponse **out,
+                                 struct pp_remote_wait *why);
 
 /* Writes "512 B", "1.5 KiB", "12.0 MiB", ... into out[cap]; returns out. */
 char *pp_remote_human_bytes(uint64_t n, char *out, size_t cap);

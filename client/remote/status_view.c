@@ -32,7 +32,7 @@ void pp_remote_status_print(FILE *f, const Ppserve__V1__StatusResponse *s)
 {
     fprintf(f, "model        %s\n", str_or(s->model, "-"));
     fprintf(f, "model_id     %s\n", str_or(s->model_id, "-"));
-    fprintf(f, "state        %s\n", str_or(s->state, "-"));
+    fprintf(f, "state        %s%s\n", s->blocked ? "BLOCKED: " : "", str_or(s->state, "-"));
     fprintf(f, "requests     %u running, %u queued\n", s->requests_running, s->requests_queued);
     fprintf(f, "tokens/s     %.1f\n", s->tokens_per_s);
     fprintf(f, "bubble       %.1f%%\n", s->bubble_fraction * 100.0);
@@ -47,18 +47,24 @@ void pp_remote_status_print(FILE *f, const Ppserve__V1__StatusResponse *s)
         int n = (int)strlen(str_or(s->stages[i]->address, "-"));
         aw = n > aw ? n : aw;
     }
-    fprintf(f, "\n%-5s  %-*s  %-11s  %-7s  %5s  %5s  %10s  %10s  %13s  %9s\n", "stage", aw,
-            "address", "layers", "healthy", "busy", "queue", "in", "out", "kv blocks", "tokens/s");
+    /* tp/ep: the stage's workers and expert groups; "allreduce/tok": the bytes each worker adds
+     * to all-reduces per token it computes (× tokens/s = the link's load; 0 with tp 1) */
+    fprintf(f, "\n%-5s  %-*s  %-11s  %-5s  %-7s  %5s  %5s  %10s  %10s  %13s  %9s  %14s\n",
+            "stage", aw, "address", "layers", "tp/ep", "healthy", "busy", "queue", "in", "out",
+            "kv blocks", "tokens/s", "allreduce/tok");
     for (size_t i = 0; i < s->n_stages; i++) {
         const Ppserve__V1__StageStatus *g = s->stages[i];
-        char layers[32], in[24], out[24], kv[32], busy[16];
+        char layers[32], in[24], out[24], kv[32], busy[16], deg[24], red[24];
         snprintf(layers, sizeof(layers), "[%d,%d)", g->first_layer, g->last_layer);
         snprintf(kv, sizeof(kv), "%u/%u", g->kv_blocks_used, g->kv_blocks_total);
         snprintf(busy, sizeof(busy), "%.0f%%", g->busy_fraction * 100.0);
-        fprintf(f, "%-5u  %-*s  %-11s  %-7s  %5s  %5u  %10s  %10s  %13s  %9.1f\n", g->index, aw,
-                str_or(g->address, "-"), layers, g->healthy ? "yes" : "NO", busy, g->queue_depth,
-                pp_remote_human_bytes(g->bytes_in, in, sizeof(in)),
-                pp_remote_human_bytes(g->bytes_out, out, sizeof(out)), kv, g->tokens_per_s);
+        snprintf(deg, sizeof(deg), "%u/%u", g->tp ? g->tp : 1, g->ep ? g->ep : 1);
+        fprintf(f, "%-5u  %-*s  %-11s  %-5s  %-7s  %5s  %5u  %10s  %10s  %13s  %9.1f  %14s\n",
+                g->index, aw, str_or(g->address, "-"), layers, deg, g->healthy ? "yes" : "NO",
+                busy, g->queue_depth, pp_remote_human_bytes(g->bytes_in, in, sizeof(in)),
+                pp_remote_human_bytes(g->bytes_out, out, sizeof(out)), kv, g->tokens_per_s,
+                pp_remote_human_bytes((uint64_t)(g->bytes_reduced_per_token + 0.5), red,
+                                      sizeof(red)));
     }
 }
 
@@ -93,6 +99,8 @@ void pp_remote_status_print_json(FILE *f, const Ppserve__V1__StatusResponse *s)
     json_double(&j, "tokens_per_s", s->tokens_per_s);
     json_double(&j, "bubble_fraction", s->bubble_fraction);
     json_int(&j, "microbatches_in_flight", s->microbatches_in_flight);
+    pp_json_key(&j, "blocked");
+    pp_json_bool(&j, s->blocked);
     pp_json_key(&j, "stages");
     pp_json_begin_array(&j);
     for (size_t i = 0; i < s->n_stages; i++) {
@@ -112,6 +120,10 @@ void pp_remote_status_print_json(FILE *f, const Ppserve__V1__StatusResponse *s)
         json_int(&j, "kv_blocks_used", g->kv_blocks_used);
         json_int(&j, "kv_blocks_total", g->kv_blocks_total);
         json_double(&j, "tokens_per_s", g->tokens_per_s);
+        json_int(&j, "tp", g->tp ? g->tp : 1);
+        json_int(&j, "ep", g->ep ? g->ep : 1);
+        json_int(&j, "bytes_reduced", (int64_t)g->bytes_reduced);
+        json_double(&j, "bytes_reduced_per_token", g->bytes_reduced_per_token);
         pp_json_end_object(&j);
     }
     pp_json_end_array(&j);

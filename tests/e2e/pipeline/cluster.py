@@ -373,7 +373,8 @@ class Cluster:
     def _prefix(self, host):
         return self.lab.exec_prefix(host) if self.lab else ()
 
-    def start(self, timeout=60.0):
+    def start(self, timeout=60.0, wait=True):
+        """Starts the daemons; with wait, returns once the coordinator says serving."""
         args = [COORDINATOR, "--listen", self.addr, "--model", self.model_name,
                 "--model_root", self.model_root, "--stages", self.n_stages, "--grace_ms", "1000",
                 "--log_level", "info"]
@@ -391,7 +392,8 @@ class Cluster:
                        self.workdir / f"{self.tag}-stage{i}.log", self._prefix(i + 1))
             self.stages.append(d)
             self.daemons.append(d)
-        self.wait_serving(timeout)
+        if wait:
+            self.wait_serving(timeout)
         return self
 
     def client(self):
@@ -479,11 +481,11 @@ class ClusterFactory:
         self.workdir = workdir
         self.clusters = []
 
-    def __call__(self, model_root, **kw):
+    def __call__(self, model_root, wait=True, **kw):
         kw.setdefault("tag", f"c{len(self.clusters)}")
         c = Cluster(self.protos, self.workdir, model_root, **kw)
         self.clusters.append(c)
-        return c.start()
+        return c.start(wait=wait)
 
     def logs(self):
         return "\n".join(c.logs() for c in self.clusters)

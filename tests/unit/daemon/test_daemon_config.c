@@ -1,7 +1,10 @@
 /* The shipped deploy/config files parse with the daemons' tables and pass their checks; flags
  * override them; the cross-key checks refuse what one key alone cannot. */
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coordinator/coordinator_config.h"
 #include "stage/stage_config.h"
@@ -33,6 +36,83 @@ static void test_stage_cfg(void **state)
     assert_non_null(strstr(pp_error_detail(), "got 'loud'"));
 }
 
+/* tp and ep: defaults, the file, flags over the file, ep alone setting tp, and errors that name
+ * the file and line or the flag, the key, what is allowed and what arrived. */
+static void test_stage_degrees(void **state)
+{
+    (void)state;
+    struct pp_stage_config c;
+    int32_t tp, ep;
+    pp_stage_config_defaults(&c);
+    char *base[] = {"--config", PP_SOURCE_DIR "/deploy/config/stage.cfg", "--model_root", "/tmp"};
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 4, base),
+                     PP_OK);
+    pp_stage_config_degrees(&c, &tp, &ep);
+    assert_int_equal(tp, 1); /* stage.cfg documents the defaults: one worker, one group */
+    assert_int_equal(ep, 1);
+    assert_int_equal(pp_stage_config_check(&c), PP_OK);
+
+    char *flags[] = {"--config", PP_SOURCE_DIR "/deploy/config/stage.cfg", "--tp", "4", "--ep",
+                     "2", "--model_root", "/tmp"};
+    pp_stage_config_defaults(&c);
+    assert_int_equal(
+        pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 8, flags), PP_OK);
+    pp_stage_config_degrees(&c, &tp, &ep);
+    assert_int_equal(tp, 4);
+    assert_int_equal(ep, 2);
+    assert_int_equal(pp_stage_config_check(&c), PP_OK);
+
+    /* ep alone: pure expert parallelism over ep workers, as `ppserve run --ep` */
+    pp_stage_config_defaults(&c);
+    char *ep_only[] = {"--ep", "2"};
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 2,
+                                         ep_only), PP_OK);
+    pp_stage_config_degrees(&c, &tp, &ep);
+    assert_int_equal(tp, 2);
+    assert_int_equal(ep, 2);
+
+    /* ep must divide tp */
+    pp_stage_config_defaults(&c);
+    snprintf(c.coordinator, sizeof(c.coordinator), "127.0.0.1:7000");
+    snprintf(c.model_root, sizeof(c.model_root), "/tmp");
+    c.tp = 4;
+    c.ep = 3;
+    assert_int_equal(pp_stage_config_check(&c), PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(pp_error_detail(), "key 'ep': expected a divisor of tp (4), got 3"));
+
+    /* out of range, from a flag and from a file line */
+    pp_stage_config_defaults(&c);
+    char *big[] = {"--tp", "65"};
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 2, big),
+                     PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(pp_error_detail(), "--tp"));
+    assert_non_null(strstr(pp_error_detail(), "key 'tp'"));
+    assert_non_null(strstr(pp_error_detail(), "got '65'"));
+    char path[] = "/tmp/pp_test_stage_degrees_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "coordinator = \"127.0.0.1:7000\";\n\nep = -1;\n");
+    fclose(f);
+    pp_stage_config_defaults(&c);
+    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
+                     PP_ERR_INVALID_ARG);
+    char where[PATH_MAX + 8];
+    snprintf(where, sizeof(where), "%s:3", path);
+    assert_non_null(strstr(pp_error_detail(), where));
+    assert_non_null(strstr(pp_error_detail(), "key 'ep'"));
+    assert_non_null(strstr(pp_error_detail(), "got -1"));
+    f = fopen(path, "w");
+    fprintf(f, "tp = \"two\";\n");
+    fclose(f);
+    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
+                     PP_ERR_INVALID_ARG);
+    snprintf(where, sizeof(where), "%s:1", path);
+    assert_non_null(strstr(pp_error_detail(), where));
+    assert_non_null(strstr(pp_error_detail(), "key 'tp'"));
+    unlink(path);
+}
+
 static void test_coordinator_cfg(void **state)
 {
     (void)state;
@@ -58,6 +138,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stage_cfg),
+        cmocka_unit_test(test_stage_degrees),
         cmocka_unit_test(test_coordinator_cfg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

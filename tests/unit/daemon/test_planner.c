@@ -70,6 +70,53 @@ static void test_memory_limits(void **state)
     assert_non_null(strstr(pp_error_detail(), "no partition of 22 layers fits"));
 }
 
+/* A stage with tp workers: each holds 1/tp of every layer and of its KV heads (whole heads, so a
+ * KV head is replicated when tp > n_kv_heads), 1/tp of the LM head, the whole embedding; and its
+ * memory is per worker. */
+static void test_tensor_parallel_memory(void **state)
+{
+    (void)state;
+    struct pp_plan_model m = tinyllama();
+    const int64_t MIB = 1 << 20;
+    /* a middle stage: 4 layers of 88 MiB weights + 2 MiB KV, halved */
+    assert_int_equal(pp_plan_worker_bytes(&m, 1, 3, 1, 4), 4 * 90 * MIB);
+    assert_int_equal(pp_plan_worker_bytes(&m, 1, 3, 2, 4), 4 * 45 * MIB);
+    assert_int_equal(pp_plan_worker_bytes(&m, 1, 3, 0, 4), 4 * 90 * MIB); /* 0 = 1 worker */
+    /* the embedding whole on every worker of the first stage, the LM head split on the last */
+    assert_int_equal(pp_plan_worker_bytes(&m, 0, 3, 2, 1), 45 * MIB + 131 * MIB);
+    assert_int_equal(pp_plan_worker_bytes(&m, 2, 3, 2, 1), 45 * MIB + (131 * MIB + 1) / 2);
+    /* KV by heads: 2 KV heads over 4 workers leave one whole head (half the KV) on each */
+    m.n_kv_heads = 2;
+    assert_int_equal(pp_plan_worker_bytes(&m, 1, 3, 4, 1), 22 * MIB + 1 * MIB);
+    assert_int_equal(pp_plan_worker_bytes(&m, 1, 3, 2, 1), 44 * MIB + 1 * MIB);
+    m.n_kv_heads = 0;
+
+    /* stage 0's workers each have room for 5 whole layers plus the embedding: alone it takes 5
+     * layers, with tp 2 it takes 10 (45 MiB per layer per worker), the speed being equal */
+    int64_t five = 5 * (m.layer_bytes + m.kv_layer_bytes) + m.first_bytes;
+    struct pp_plan_stage s[2] = {{1e-3, five, 1}, {1e-3, 8 * GB, 1}};
+    int32_t c[2];
+    assert_int_equal(pp_plan_partition(&m, s, 2, c), PP_OK);
+    assert_int_equal(c[0], 5);
+    assert_int_equal(c[1], 17);
+    s[0].tp = 2;
+    assert_int_equal(pp_plan_partition(&m, s, 2, c), PP_OK);
+    assert_int_equal(c[0], 10);
+    assert_int_equal(c[1], 12);
+    assert_int_equal(pp_plan_check(&m, s, 2, c), PP_OK);
+    int32_t over[2] = {11, 11};
+    assert_int_equal(pp_plan_check(&m, s, 2, over), PP_ERR_EXHAUSTED);
+    assert_non_null(strstr(pp_error_detail(), "stage 0 needs"));
+    assert_non_null(strstr(pp_error_detail(), "per worker for 11 layers (tp 2)"));
+
+    /* the speed a stage measured with its workers is its speed: a tp-2 stage that measured twice
+     * the rate takes twice the layers, as any faster stage would */
+    struct pp_plan_stage f[2] = {{1e-3, 8 * GB, 1}, {0.5e-3, 8 * GB, 2}};
+    assert_int_equal(pp_plan_partition(&m, f, 2, c), PP_OK);
+    assert_int_equal(c[0], 7);
+    assert_int_equal(c[1], 15);
+}
+
 static void test_bad_inputs(void **state)
 {
     (void)state;
@@ -95,6 +142,7 @@ int main(void)
         cmocka_unit_test(test_equal_stages),
         cmocka_unit_test(test_speed_and_head),
         cmocka_unit_test(test_memory_limits),
+        cmocka_unit_test(test_tensor_parallel_memory),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
