@@ -268,6 +268,10 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
                 ? rate((double)(s->now.bytes_reduced - s->then.bytes_reduced),
                        (double)(s->now.tokens - s->then.tokens))
                 : rate((double)s->stats.bytes_reduced, (double)s->stats.tokens);
+        if (s->experts) {
+            o->n_expert_load = s->experts->n_expert_load;
+            o->expert_load = s->experts->expert_load;
+        }
         o->queue_depth = s->stats.queue_depth;
         o->bytes_in = s->stats.bytes_in;
         o->bytes_out = s->stats.bytes_out;

@@ -57,6 +57,9 @@ struct co_stage {
     /* the latest heartbeats: stats now, and a window's start for rates */
     Ppserve__V1__StageStats stats;
     struct co_stage_sample now, then;
+    /* MoE: the latest heartbeat's expert load (only expert_load set, ratios filled); owned,
+     * freed with co_stage_forget_experts */
+    Ppserve__V1__StageStats *experts;
 };
 
 enum co_req_state { CO_REQ_QUEUED, CO_REQ_RUNNING, CO_REQ_DONE };
@@ -184,6 +187,11 @@ pp_status co_registry_add(struct coordinator *co);
 void co_check_stages(struct coordinator *co);
 /* Forgets stage i (with mu held); its channel is kept until exit. */
 void co_stage_drop(struct coordinator *co, int i);
+
+/* ---- expert_load.c ---- */
+/* Keeps a checked copy of a heartbeat's expert load (replacing the previous one); co->mu held. */
+void co_stage_take_experts(struct co_stage *s, const Ppserve__V1__StageStats *in);
+void co_stage_forget_experts(struct co_stage *s);
 
 /* setup.c: plan, assign, open the data plane; returns when serving or failed. A failure that
  * retrying cannot mend (a stage refused its assignment, no partition fits) sets co->blocked. */

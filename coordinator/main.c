@@ -232,8 +232,10 @@ out_rpc:
     if (co->server)
         pp_rpc_server_free(co->server, 2000);
     pp_rpc_health_free(co->health);
-    for (int i = 0; i < co->n_stages; i++)
+    for (int i = 0; i < co->n_stages; i++) {
         pp_rpc_channel_free(co->stages[i].ch);
+        co_stage_forget_experts(&co->stages[i]);
+    }
     for (int i = 0; i < co->n_retired; i++)
         pp_rpc_channel_free(co->retired[i]);
     pp_rpc_shutdown();

@@ -125,6 +125,7 @@ static pp_status on_heartbeat(void *ud, const ProtobufCMessage *msg, struct pp_b
             st.tokens = in->tokens;
             st.bytes_reduced = in->bytes_reduced;
             s->stats = st;
+            co_stage_take_experts(s, in);
             struct co_stage_sample smp = {now,         st.busy_seconds, st.wall_seconds,
                                           st.bytes_in, st.bytes_out,    st.tokens,
                                           st.bytes_reduced};
@@ -164,6 +165,7 @@ void co_check_stages(struct coordinator *co)
 void co_stage_drop(struct coordinator *co, int i)
 {
     PP_INFO("stage dropped address=%s", co->stages[i].address);
+    co_stage_forget_experts(&co->stages[i]);
     if (co->stages[i].ch && co->n_retired < (int)(sizeof(co->retired) / sizeof(co->retired[0])))
         co->retired[co->n_retired++] = co->stages[i].ch;
     /* keep the pipeline order of the others */

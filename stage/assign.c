@@ -156,7 +156,7 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
     return PP_OK;
 }
 
-void pp_stage_update_kv_stats(struct pp_stage *s)
+void pp_stage_update_stats(struct pp_stage *s)
 {
     uint32_t used = 0, total = 0;
     if (s->asg) {
@@ -168,6 +168,7 @@ void pp_stage_update_kv_stats(struct pp_stage *s)
     s->kv_used = used;
     s->kv_total = total;
     pthread_mutex_unlock(&s->stats_mu);
+    pp_stage_expert_load_update(s);
 }
 
 /* Drops the current assignment: no new hop may open on it, the compute thread lets go of it (its
@@ -180,7 +181,7 @@ static void teardown(struct pp_stage *s, pp_status status, const char *why, int 
     pthread_mutex_lock(&s->mu);
     struct pp_stage_assignment *old = s->asg;
     s->asg = NULL;
-    pp_stage_update_kv_stats(s);
+    pp_stage_update_stats(s);
     pthread_mutex_unlock(&s->mu);
     if (!old)
         return;
@@ -230,7 +231,7 @@ pp_status pp_stage_assign_handler(void *ud, const ProtobufCMessage *req, struct 
     pthread_mutex_unlock(&s->stats_mu);
     pthread_mutex_lock(&s->mu);
     s->asg = a;
-    pp_stage_update_kv_stats(s);
+    pp_stage_update_stats(s);
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&s->info_mu);
     s->info.assigned = 1;
@@ -270,7 +271,7 @@ pp_status pp_stage_release_handler(void *ud, const ProtobufCMessage *req, struct
             had |= pp_stage_history_release(a->history, m->seq_ids[i]);
         released += had != 0;
     }
-    pp_stage_update_kv_stats(s);
+    pp_stage_update_stats(s);
     pthread_mutex_unlock(&s->mu);
     PP_DEBUG("release: asked=%zu released=%u", m->n_seq_ids, released);
     Ppserve__V1__ReleaseResponse r = PPSERVE__V1__RELEASE_RESPONSE__INIT;

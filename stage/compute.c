@@ -269,7 +269,7 @@ static void *compute_main(void *arg)
         struct pp_stage_out *out = NULL;
         pthread_mutex_lock(&s->mu);
         pp_status st = process(s, mb, &box, &out, msg, sizeof(msg));
-        pp_stage_update_kv_stats(s);
+        pp_stage_update_stats(s);
         pthread_mutex_unlock(&s->mu);
         pp_status sent = PP_OK;
         for (size_t i = 0; out && i < box.n && sent == PP_OK; i++)

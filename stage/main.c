@@ -92,6 +92,7 @@ static void context_free(struct pp_stage *s)
     pthread_mutex_destroy(&s->q_mu);
     pthread_mutex_destroy(&s->ctl_mu);
     pthread_mutex_destroy(&s->stats_mu);
+    pp_stage_expert_load_free(s->experts);
     pthread_cond_destroy(&s->q_cv);
     pthread_cond_destroy(&s->idle_cv);
     pthread_cond_destroy(&s->ctl_cv);

@@ -110,7 +110,9 @@ static int register_loop(struct pp_stage *s, struct pp_rpc_channel **ch)
     }
 }
 
-static void fill_stats(struct pp_stage *s, Ppserve__V1__StageStats *st, char *hop_error, size_t n)
+/* The heartbeat's stats; experts holds the ExpertLoad messages it points to until sent. */
+static void fill_stats(struct pp_stage *s, Ppserve__V1__StageStats *st, char *hop_error, size_t n,
+                       struct pp_stage_expert_msgs *experts)
 {
     st->queue_depth = (uint32_t)pp_stage_queue_len(s);
     st->wall_seconds = pp_clock_mono() - s->serving_since;
@@ -122,6 +124,7 @@ static void fill_stats(struct pp_stage *s, Ppserve__V1__StageStats *st, char *ho
     st->kv_blocks_total = s->kv_total;
     st->tokens = s->tokens;
     st->bytes_reduced = s->bytes_reduced;
+    pp_stage_expert_load_fill(s, st, experts);
     snprintf(hop_error, n, "%s", s->hop_error);
     pthread_mutex_unlock(&s->stats_mu);
 }
@@ -136,7 +139,8 @@ static int heartbeat_loop(struct pp_stage *s, struct pp_rpc_channel **ch)
             return 0;
         Ppserve__V1__StageStats stats = PPSERVE__V1__STAGE_STATS__INIT;
         char hop_error[768];
-        fill_stats(s, &stats, hop_error, sizeof(hop_error));
+        struct pp_stage_expert_msgs experts;
+        fill_stats(s, &stats, hop_error, sizeof(hop_error), &experts);
         Ppserve__V1__HeartbeatRequest req = PPSERVE__V1__HEARTBEAT_REQUEST__INIT;
         req.stage_id = s->stage_id;
         req.stats = &stats;
@@ -146,6 +150,7 @@ static int heartbeat_loop(struct pp_stage *s, struct pp_rpc_channel **ch)
                                          &ppserve__v1__heartbeat_response__descriptor,
                                          HEARTBEAT_DEADLINE_MS, &resp, NULL)
                            : pp_error(PP_ERR_UNAVAILABLE, "no channel to %s", s->cfg.coordinator);
+        pp_stage_expert_msgs_free(&experts);
         if (st != PP_OK) {
             if (failures++ % 10 == 0)
                 PP_WARN("heartbeat failed: coordinator=%s failures=%llu detail=\"%s\"",

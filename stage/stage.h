@@ -185,6 +185,7 @@ struct pp_stage {
     uint64_t bytes_in, bytes_out, tokens;
     uint64_t bytes_reduced; /* per worker, over every assignment */
     uint32_t kv_used, kv_total;
+    struct pp_stage_expert_load *experts; /* MoE assignments: the latest expert counts */
     char hop_error[768];
 };
 
@@ -216,8 +217,40 @@ pp_status pp_stage_assign_handler(void *ud, const ProtobufCMessage *req, struct 
 pp_status pp_stage_release_handler(void *ud, const ProtobufCMessage *req, struct pp_buf *resp);
 /* Drops the current assignment (shutdown): closes its hop within timeout_ms, frees everything. */
 void pp_stage_unassign(struct pp_stage *s, int timeout_ms);
-/* Refreshes the KV counters of the heartbeat; mu held. */
-void pp_stage_update_kv_stats(struct pp_stage *s);
+/* Refreshes the KV counters and the expert load of the heartbeat from the current assignment; mu
+ * held. */
+void pp_stage_update_stats(struct pp_stage *s);
+
+/* ---- expert_load.c: the MoE expert load in heartbeats ---- */
+/* A copy of the assignment's per-layer expert token counts (pp_executor_expert_tokens) and its
+ * workers' expert ranges, refreshed by pp_stage_update_stats. */
+struct pp_stage_expert_load {
+    int32_t first, last;   /* the assignment's layer range */
+    int32_t n_layers;      /* MoE layers of the assignment */
+    int32_t n_experts;
+    int32_t n_workers;
+    int32_t *layer;        /* [n_layers] absolute layer index */
+    int64_t *tokens;       /* [n_layers, n_experts] tokens routed since the assignment */
+    int32_t *worker_first; /* [n_workers] each worker's first expert */
+    int32_t *worker_n;     /* [n_workers] and its expert count */
+};
+
+/* ExpertLoad messages built for one heartbeat; freed with pp_stage_expert_msgs_free. */
+struct pp_stage_expert_msgs {
+    Ppserve__V1__ExpertLoad *items;
+    Ppserve__V1__ExpertLoad **ptrs;
+    uint64_t *values; /* every entry's tokens_per_expert and tokens_per_worker */
+    size_t n;
+};
+
+/* Copies the counts of s->asg (or forgets them without an MoE assignment); mu held, takes
+ * stats_mu. */
+void pp_stage_expert_load_update(struct pp_stage *s);
+/* Fills st->expert_load from the latest copy; stats_mu held. On no memory it reports none. */
+void pp_stage_expert_load_fill(struct pp_stage *s, Ppserve__V1__StageStats *st,
+                               struct pp_stage_expert_msgs *m);
+void pp_stage_expert_msgs_free(struct pp_stage_expert_msgs *m);
+void pp_stage_expert_load_free(struct pp_stage_expert_load *l); /* NULL-safe */
 
 /* ---- recv.c: inbound Forward streams ---- */
 extern const struct pp_rpc_stream_cbs pp_stage_forward_cbs;

@@ -28,6 +28,34 @@ char *pp_remote_human_bytes(uint64_t n, char *out, size_t cap)
     return out;
 }
 
+/* MoE stages: per stage, the routing over its layers at a glance (the layer whose experts are the
+ * least balanced, and its workers' balance); `--json` has every layer's counts. */
+static void print_expert_load(FILE *f, const Ppserve__V1__StatusResponse *s)
+{
+    int header = 0;
+    for (size_t i = 0; i < s->n_stages; i++) {
+        const Ppserve__V1__StageStatus *g = s->stages[i];
+        if (g->n_expert_load == 0)
+            continue;
+        if (!header)
+            fprintf(f, "\n%-5s  %-10s  %-7s  %12s  %-17s  %-17s  %s\n", "stage", "moe layers",
+                    "experts", "routed", "worst layer", "max/mean expert", "max/mean worker");
+        header = 1;
+        const Ppserve__V1__ExpertLoad *worst = g->expert_load[0];
+        uint64_t routed = 0;
+        for (size_t k = 0; k < g->n_expert_load; k++) {
+            const Ppserve__V1__ExpertLoad *l = g->expert_load[k];
+            for (size_t e = 0; e < l->n_tokens_per_expert; e++)
+                routed += l->tokens_per_expert[e];
+            if (l->max_over_mean_expert > worst->max_over_mean_expert)
+                worst = l;
+        }
+        fprintf(f, "%-5u  %-10zu  %-7zu  %12" PRIu64 "  %-17d  %-17.2f  %.2f\n", g->index,
+                g->n_expert_load, worst->n_tokens_per_expert, routed, worst->layer,
+                worst->max_over_mean_expert, worst->max_over_mean_worker);
+    }
+}
+
 void pp_remote_status_print(FILE *f, const Ppserve__V1__StatusResponse *s)
 {
     fprintf(f, "model        %s\n", str_or(s->model, "-"));
@@ -66,6 +94,7 @@ void pp_remote_status_print(FILE *f, const Ppserve__V1__StatusResponse *s)
                 pp_remote_human_bytes((uint64_t)(g->bytes_reduced_per_token + 0.5), red,
                                       sizeof(red)));
     }
+    print_expert_load(f, s);
 }
 
 static void json_str(struct pp_json *j, const char *key, const char *v)
@@ -124,6 +153,27 @@ void pp_remote_status_print_json(FILE *f, const Ppserve__V1__StatusResponse *s)
         json_int(&j, "ep", g->ep ? g->ep : 1);
         json_int(&j, "bytes_reduced", (int64_t)g->bytes_reduced);
         json_double(&j, "bytes_reduced_per_token", g->bytes_reduced_per_token);
+        pp_json_key(&j, "expert_load");
+        pp_json_begin_array(&j);
+        for (size_t k = 0; k < g->n_expert_load; k++) {
+            const Ppserve__V1__ExpertLoad *l = g->expert_load[k];
+            pp_json_begin_object(&j);
+            json_int(&j, "layer", l->layer);
+            pp_json_key(&j, "tokens_per_expert");
+            pp_json_begin_array(&j);
+            for (size_t e = 0; e < l->n_tokens_per_expert; e++)
+                pp_json_int(&j, (int64_t)l->tokens_per_expert[e]);
+            pp_json_end_array(&j);
+            pp_json_key(&j, "tokens_per_worker");
+            pp_json_begin_array(&j);
+            for (size_t w = 0; w < l->n_tokens_per_worker; w++)
+                pp_json_int(&j, (int64_t)l->tokens_per_worker[w]);
+            pp_json_end_array(&j);
+            json_double(&j, "max_over_mean_expert", l->max_over_mean_expert);
+            json_double(&j, "max_over_mean_worker", l->max_over_mean_worker);
+            pp_json_end_object(&j);
+        }
+        pp_json_end_array(&j);
         pp_json_end_object(&j);
     }
     pp_json_end_array(&j);

@@ -160,8 +160,9 @@ class LlamaRef:
                                 ("bd", (D,))):
                 expect(f"layer {i} {role}", L[role], shape)
 
-    def hidden_states(self, ids):
-        """Final-normed hidden states (T, dim) for the token ids at positions 0..T-1."""
+    def hidden_states(self, ids, routing=None):
+        """Final-normed hidden states (T, dim) for the token ids at positions 0..T-1. With a list
+        as routing, appends (layer, tokens routed to each expert) for every MoE layer."""
         c = self.cfg
         T = len(ids)
         H, KV, hd = c.n_heads, c.n_kv_heads, c.head_dim
@@ -179,7 +180,7 @@ class LlamaRef:
         scale = 1.0 / math.sqrt(hd)
         group = H // KV
 
-        for L in self.layers:
+        for li, L in enumerate(self.layers):
             h = rmsnorm(x, L["attn_norm"], c.eps)
             q = linear(h, L["wq"], L["bq"]).reshape(T, H, hd)
             k = linear(h, L["wk"], L["bk"]).reshape(T, KV, hd)
@@ -199,6 +200,8 @@ class LlamaRef:
 
             h = rmsnorm(x, L["ffn_norm"], c.eps)
             if L.get("moe") is not None:
+                if routing is not None:
+                    routing.append((li, moe_ref.routed_counts(h, L["moe"])))
                 x = x + moe_ref.moe_ffn(h, L["moe"])
                 continue
             gate = linear(h, L["wg"], L["bg"])
@@ -454,6 +457,10 @@ def main(argv=None):
     ap.add_argument("--dump-logits", metavar="FILE",
                     help="write one row of little-endian float32 logits per step")
     ap.add_argument("--json", action="store_true", help='print {"ids":[...]} on one line')
+    ap.add_argument("--dump-routing", metavar="FILE",
+                    help="MoE: write the tokens routed to each expert of every layer, over the "
+                         "tokens an engine feeds (the prompt and every generated id but the last) "
+                         "as JSON")
     args = ap.parse_args(argv)
 
     try:
@@ -476,6 +483,14 @@ def main(argv=None):
             with open(args.dump_logits, "wb") as f:
                 for row in rows:
                     f.write(np.asarray(row, dtype="<f4").tobytes())
+        if args.dump_routing:
+            fed = prompt + list(force if force is not None else ids)[:max(args.max_tokens - 1, 0)]
+            routing = []
+            model.hidden_states(fed, routing)
+            with open(args.dump_routing, "w") as f:
+                json.dump({"tokens": len(fed), "layers": [
+                    {"layer": li, "tokens_per_expert": [int(n) for n in counts]}
+                    for li, counts in routing]}, f)
     except (ModelError, moe_ref.MoEError, GGUFError, SafetensorsError, OSError,
             json.JSONDecodeError) as e:
         print(f"llama_ref: error: {e}", file=sys.stderr)
