@@ -10,13 +10,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/alloc.h"
+#include "common/spin.h"
 #include "kernels/comm/comm.h"
 
 #define MAX_RANKS 64
-#define SPIN_NS 200000
 #define SUM_BLOCK 1024 /* floats summed per pass: one block of partial sums stays in L1 */
 
 struct cpu_comm {
@@ -29,20 +28,6 @@ struct cpu_comm {
     float *buf[MAX_RANKS];
     const float *send[MAX_RANKS];
 };
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static pp_status cpu_barrier(struct pp_comm *pc, int rank)
 {
@@ -58,20 +43,14 @@ static pp_status cpu_barrier(struct pp_comm *pc, int rank)
         pthread_mutex_unlock(&c->mu);
         return PP_OK;
     }
-    int64_t deadline = 0;
-    for (int i = 0; atomic_load_explicit(&c->generation, memory_order_acquire) == gen; i++) {
-        cpu_relax();
-        if ((i & 255) != 255)
-            continue;
-        int64_t t = now_ns();
-        if (deadline == 0) {
-            deadline = t + SPIN_NS;
-        } else if (t > deadline) {
+    struct pp_spin spin = {0};
+    while (atomic_load_explicit(&c->generation, memory_order_acquire) == gen) {
+        if (pp_spin_expired(&spin)) {
             pthread_mutex_lock(&c->mu);
             while (atomic_load_explicit(&c->generation, memory_order_acquire) == gen)
                 pthread_cond_wait(&c->cv, &c->mu);
             pthread_mutex_unlock(&c->mu);
-            return PP_OK;
+            break;
         }
     }
     return PP_OK;

@@ -10,11 +10,10 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
-#include <time.h>
 
 #include "common/alloc.h"
+#include "common/spin.h"
 
-#define SPIN_NS 200000 /* how long an idle worker or a waiting caller spins before it sleeps */
 
 struct pp_threadpool {
     int n_threads;
@@ -39,20 +38,6 @@ struct worker_arg {
     int index;
 };
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void run_share(struct pp_threadpool *p, int index)
 {
     if (p->dynamic) {
@@ -76,22 +61,16 @@ static void run_share(struct pp_threadpool *p, int index)
         p->fn(p->ctx, begin, end, index);
 }
 
-/* Spins until *v != old (returns 1) or SPIN_NS pass (returns 0). */
+/* Spins until *v != old (returns 1) or PP_SPIN_NS pass (returns 0). */
 static int spin_until_changed_u64(_Atomic uint64_t *v, uint64_t old, _Atomic int *stop)
 {
-    int64_t deadline = 0;
-    for (int i = 0;; i++) {
+    struct pp_spin spin = {0};
+    for (;;) {
         if (atomic_load_explicit(v, memory_order_acquire) != old ||
             atomic_load_explicit(stop, memory_order_relaxed))
             return 1;
-        cpu_relax();
-        if ((i & 255) == 255) {
-            int64_t t = now_ns();
-            if (deadline == 0)
-                deadline = t + SPIN_NS;
-            else if (t > deadline)
-                return 0;
-        }
+        if (pp_spin_expired(&spin))
+            return 0;
     }
 }
 
@@ -211,20 +190,14 @@ static void run_job(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n
 
     run_share(p, 0);
 
-    int64_t deadline = 0;
-    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
-        cpu_relax();
-        if ((i & 255) == 255) {
-            int64_t t = now_ns();
-            if (deadline == 0) {
-                deadline = t + SPIN_NS;
-            } else if (t > deadline) {
-                pthread_mutex_lock(&p->mu);
-                while (atomic_load(&p->pending) > 0)
-                    pthread_cond_wait(&p->done, &p->mu);
-                pthread_mutex_unlock(&p->mu);
-                break;
-            }
+    struct pp_spin spin = {0};
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+        if (pp_spin_expired(&spin)) {
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->pending) > 0)
+                pthread_cond_wait(&p->done, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            break;
         }
     }
 }

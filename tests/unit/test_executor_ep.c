@@ -3,7 +3,6 @@
  * worker within 1e-5 (f32) and the same greedy tokens; the expert token counts are the routing
  * actually done (k per token, the same whatever the layout) and the workers' expert ranges tile the
  * experts; each layout stays bit-identical to itself alone or batched; bad degrees are refused. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,15 +51,6 @@ static void engine_close(struct engine *e)
 
 static const int32_t prompt[] = {1, 17, 200, 45, 99, 3, 150};
 
-static int32_t argmax(const float *x)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < VOCAB; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 static void greedy(struct engine *e, float *out, int32_t *ids, int batched)
 {
     float logits[2 * VOCAB];
@@ -73,7 +63,7 @@ static void greedy(struct engine *e, float *out, int32_t *ids, int batched)
     assert_int_equal(pp_executor_forward(e->ex, &b, NULL, logits), PP_OK);
     memcpy(out, logits, sizeof(float) * VOCAB);
     for (int s = 1; s < STEPS; s++) {
-        ids[s - 1] = argmax(out + (s - 1) * VOCAB);
+        ids[s - 1] = pp_test_argmax(out + (s - 1) * VOCAB, VOCAB);
         int32_t t[2] = {77, ids[s - 1]};
         struct pp_exec_seq d[2] = {{2, 1 + s, 1, 1}, {1, 6 + s, 1, 1}};
         struct pp_exec_batch bd = {batched ? 2 : 1, batched ? d : d + 1, batched ? t : t + 1,
@@ -81,24 +71,9 @@ static void greedy(struct engine *e, float *out, int32_t *ids, int batched)
         assert_int_equal(pp_executor_forward(e->ex, &bd, NULL, logits), PP_OK);
         memcpy(out + s * VOCAB, logits + (batched ? VOCAB : 0), sizeof(float) * VOCAB);
     }
-    ids[STEPS - 1] = argmax(out + (STEPS - 1) * VOCAB);
+    ids[STEPS - 1] = pp_test_argmax(out + (STEPS - 1) * VOCAB, VOCAB);
     pp_executor_release(e->ex, 1);
     pp_executor_release(e->ex, 2);
-}
-
-static double rel_err(const float *a, const float *ref)
-{
-    double worst = 0;
-    for (int s = 0; s < STEPS; s++) {
-        double d = 0, m = 0;
-        for (int i = 0; i < VOCAB; i++) {
-            double x = fabs((double)a[s * VOCAB + i] - ref[s * VOCAB + i]);
-            d = x > d ? x : d;
-            m = fabs(ref[s * VOCAB + i]) > m ? fabs(ref[s * VOCAB + i]) : m;
-        }
-        worst = d / m > worst ? d / m : worst;
-    }
-    return worst;
 }
 
 /* Expert counts of every layer: k per token, copied out. */
@@ -136,7 +111,7 @@ static void check_layouts(const char *path, double tol, const int32_t (*layouts)
         int32_t tp = layouts[i][0], ep = layouts[i][1];
         engine_open(&e, path, tp, ep);
         greedy(&e, got, ids, 0);
-        double err = rel_err(got, ref);
+        double err = pp_test_rel_err(got, ref, STEPS, VOCAB);
         if (err > tol)
             fail_msg("%s tp %d ep %d: rel err %g > %g", path, tp, ep, err, tol);
         assert_memory_equal(ids, ref_ids, sizeof(ids));

@@ -3,7 +3,6 @@
  * and replicated (W > KV heads), biases, 16-bit and Q8_0 weights; a W-worker executor is still
  * bit-identical to itself whatever the batch, the window, the threads per worker and the layer
  * split; degrees the model cannot split are refused with a message that says why. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,15 +48,6 @@ static void engine_close(struct engine *e)
 static const int32_t prompt[] = {1, 17, 200, 45, 99, 3, 150};
 static const int32_t other[] = {1, 250, 251, 252, 9, 9};
 
-static int32_t argmax(const float *x)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < VOCAB; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* Prefill then greedy decode; logits of every step into out[STEPS * VOCAB], tokens into ids. */
 static void greedy(struct engine *e, uint64_t id, float *out, int32_t *ids)
 {
@@ -65,12 +55,12 @@ static void greedy(struct engine *e, uint64_t id, float *out, int32_t *ids)
     struct pp_exec_batch b = {1, &p, prompt, NULL};
     assert_int_equal(pp_executor_forward(e->ex, &b, NULL, out), PP_OK);
     for (int s = 1; s < STEPS; s++) {
-        ids[s - 1] = argmax(out + (s - 1) * VOCAB);
+        ids[s - 1] = pp_test_argmax(out + (s - 1) * VOCAB, VOCAB);
         struct pp_exec_seq d = {id, 6 + s, 1, 1};
         struct pp_exec_batch bd = {1, &d, &ids[s - 1], NULL};
         assert_int_equal(pp_executor_forward(e->ex, &bd, NULL, out + s * VOCAB), PP_OK);
     }
-    ids[STEPS - 1] = argmax(out + (STEPS - 1) * VOCAB);
+    ids[STEPS - 1] = pp_test_argmax(out + (STEPS - 1) * VOCAB, VOCAB);
     pp_executor_release(e->ex, id);
 }
 
@@ -86,7 +76,7 @@ static void greedy_in_batch(struct engine *e, float *out)
     assert_int_equal(pp_executor_forward(e->ex, &b, NULL, logits), PP_OK);
     memcpy(out, logits + VOCAB, sizeof(float) * VOCAB);
     for (int s = 1; s < STEPS; s++) {
-        ids[s - 1] = argmax(out + (s - 1) * VOCAB);
+        ids[s - 1] = pp_test_argmax(out + (s - 1) * VOCAB, VOCAB);
         int32_t t[2] = {ids[s - 1], 77};
         struct pp_exec_seq d[2] = {{1, 6 + s, 1, 1}, {9, 5 + s, 1, 1}};
         struct pp_exec_batch bd = {2, d, t, NULL};
@@ -95,21 +85,6 @@ static void greedy_in_batch(struct engine *e, float *out)
     }
     pp_executor_release(e->ex, 1);
     pp_executor_release(e->ex, 9);
-}
-
-static double rel_err(const float *a, const float *ref)
-{
-    double worst = 0;
-    for (int s = 0; s < STEPS; s++) {
-        double d = 0, m = 0;
-        for (int i = 0; i < VOCAB; i++) {
-            double e = fabs((double)a[s * VOCAB + i] - ref[s * VOCAB + i]);
-            d = e > d ? e : d;
-            m = fabs(ref[s * VOCAB + i]) > m ? fabs(ref[s * VOCAB + i]) : m;
-        }
-        worst = d / m > worst ? d / m : worst;
-    }
-    return worst;
 }
 
 static void write_model(const char *name, enum pp_dtype dt, const char *arch, int32_t kv_heads,
@@ -141,7 +116,7 @@ static void check_tp(const char *path, double tol)
         engine_open(&e, path, 0, -1, tp, 2, 256);
         greedy(&e, 1, got, ids);
         engine_close(&e);
-        double err = rel_err(got, ref);
+        double err = pp_test_rel_err(got, ref, STEPS, VOCAB);
         if (tol > 0 && err > tol)
             fail_msg("%s tp %d: rel err %g > %g", path, tp, err, tol);
         assert_memory_equal(ids, ref_ids, sizeof(ids));

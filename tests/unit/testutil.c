@@ -1,6 +1,7 @@
 /* Test helpers. */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,4 +44,28 @@ void pp_test_write_file(const char *path, const void *p, size_t n)
     if (n)
         assert_int_equal(fwrite(p, 1, n, f), n);
     assert_int_equal(fclose(f), 0);
+}
+
+double pp_test_rel_err(const float *a, const float *ref, int rows, int cols)
+{
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        double d = 0, m = 0;
+        for (int i = 0; i < cols; i++) {
+            double x = fabs((double)a[r * cols + i] - ref[r * cols + i]);
+            d = x > d ? x : d;
+            m = fabs(ref[r * cols + i]) > m ? fabs(ref[r * cols + i]) : m;
+        }
+        worst = d / m > worst ? d / m : worst;
+    }
+    return worst;
+}
+
+int32_t pp_test_argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
 }

@@ -1,0 +1,41 @@
+/* Spin-then-sleep waits for hand-offs that usually take microseconds (thread-pool jobs, the
+ * collectives of a stage's workers): a waiter spins with the CPU's pause hint until a budget of
+ * time has passed, then sleeps on its condition variable. Header-only: the loops are hot. */
+#ifndef PP_SPIN_H
+#define PP_SPIN_H
+
+#include <stdint.h>
+#include <time.h>
+
+#define PP_SPIN_NS 200000 /* how long a waiter spins before it sleeps */
+
+static inline void pp_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* One wait's spin budget: zero it, then call pp_spin_expired once per spin. */
+struct pp_spin {
+    uint32_t spins;
+    int64_t deadline_ns;
+};
+
+/* Pauses once; returns 1 when the budget is spent (the clock is read every 256 spins). */
+static inline int pp_spin_expired(struct pp_spin *s)
+{
+    pp_cpu_relax();
+    if ((++s->spins & 255) != 0)
+        return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    if (s->deadline_ns == 0) {
+        s->deadline_ns = t + PP_SPIN_NS;
+        return 0;
+    }
+    return t > s->deadline_ns;
+}
+
+#endif
