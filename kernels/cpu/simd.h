@@ -26,6 +26,16 @@
  * registers once per 3-token group (measured crossover 16-32 tokens). */
 #define PP_MM_DIRECT_MAX_TOKENS 12
 
+/* Reduction blocking of the few-token nest (kernels/cpu/simd_avx2.c): a block holds at most this
+ * many activation floats (n tokens × block length: 64 KiB, in L2), and block lengths are a multiple
+ * of ALIGN (whole Q8_0 blocks, whole 8-lane steps). Blocks whose activations fit L1 (16 KiB) were
+ * slower on Zen 3: each row is then read in short pieces (1 KiB for 8 tokens), and the stream
+ * prefetch restarts on every piece. Blocking never changes a bit. */
+#ifndef PP_MM_DIRECT_KB_FLOATS
+#define PP_MM_DIRECT_KB_FLOATS 16384
+#endif
+#define PP_MM_DIRECT_KB_ALIGN 32
+
 /* One matmul y[n, rows] = x[n, cols] · wᵀ as the inner loops see it. */
 struct pp_mm_args {
     float *y;          /* [n, rows] */
