@@ -6,8 +6,10 @@
  * Matmul runs one of two loop nests over the same arithmetic:
  *  - up to PP_MM_DIRECT_MAX_TOKENS tokens (decode, small microbatches): weights are read straight
  *    from the mapped file and converted in registers (F16C, bf16 shift, int8 → f32 times the block
- *    scale), 4 rows × up to 3 tokens of accumulators per tile, so each weight byte comes from
- *    memory once;
+ *    scale); the reduction is cut into blocks of PP_MM_DIRECT_KB_FLOATS / n elements, and in each
+ *    block every row group (4 rows × tiles of up to 3 tokens, or 3 rows × up to 4) covers all n
+ *    tokens before the next group, with lane sums in scratch between blocks, so each weight byte
+ *    comes from memory once per call and the block's activations stay in cache;
  *  - more tokens (prefill, large microbatches): a panel of PP_MM_MC_MAX rows × PP_MM_KC elements
  *    is converted once into f32 scratch, then a register-blocked micro-kernel (3 rows × 4 tokens
  *    of accumulators) sweeps every token over it; partial lane sums live in scratch between
@@ -32,6 +34,10 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* Software prefetch in the few-token nest: the first token tile of a row group prefetches the same
+ * lines of the row group PF_GROUPS ahead. Compile-time knobs for experiments (pp_bench_matmul);
+ * on Zen 3 one group ahead into L1 was best, and without it the nest loses a third of its rate
+ * (the hardware stream prefetch restarts on every row piece). */
 #ifndef PP_MM_DIRECT_PREFETCH
 #define PP_MM_DIRECT_PREFETCH 1
 #endif
