@@ -11,8 +11,9 @@
  * call, so this is the rate the kernel streams weights at, to compare with pp_bench's read
  * bandwidth. "cpu GB/s" divides by the median CPU time of the process per thread instead, which a
  * preempting neighbour does not inflate (exact with one thread; with more it counts the workers'
- * spinning between calls). --row-div D keeps 1/D of each matrix's rows: with D = 64 (1.4 MB in f16) the weights
- * come from the caches, which shows what the loops cost without the memory. Not run by ctest. */
+ * spinning between calls). --row-div D keeps 1/D of each matrix's rows: with D = 64 (1.4 MB in
+ * f16) the weights come from the caches, which shows what the loops cost without the memory. Not
+ * run by ctest. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

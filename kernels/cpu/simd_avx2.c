@@ -274,7 +274,9 @@ static const dtile_fn dtiles[4][5][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTI
 /* Stored bytes of kb elements of a row (kb a multiple of PP_MM_DIRECT_KB_ALIGN). */
 static int64_t block_bytes(enum pp_dtype dt, int64_t kb)
 {
-    return dt == PP_DTYPE_Q8_0 ? kb / PP_Q8_0_BLOCK * PP_Q8_0_BYTES : kb * (dt == PP_DTYPE_F32 ? 4 : 2);
+    if (dt == PP_DTYPE_Q8_0)
+        return kb / PP_Q8_0_BLOCK * PP_Q8_0_BYTES;
+    return kb * (dt == PP_DTYPE_F32 ? 4 : 2);
 }
 
 static int dtype_index(enum pp_dtype dt)
@@ -293,7 +295,8 @@ static int dtype_index(enum pp_dtype dt)
  * blocks, which continues each lane's chain exactly. So each weight byte is read from memory once
  * per call whatever n, and the activations come from L1. Rows go in groups of 4 with token tiles
  * of up to 3, or of 3 with tiles of up to 4, whichever needs fewer loads per FMA for this n. */
-static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1, const struct pp_mm_scratch *s)
+static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                   const struct pp_mm_scratch *s)
 {
     const dtile_fn *tab = &dtiles[dtype_index(a->dtype)][0][0];
     int64_t n = a->n, cols = a->cols;
