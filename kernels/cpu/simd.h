@@ -22,9 +22,12 @@
 #define PP_MM_NC_MAX (PP_MM_ACC_CAP / (8 * 3)) /* tokens per pass over the weights */
 
 /* Up to this many tokens the vector matmul reads weights directly (decode nest); more go through
- * packed panels. Below it, converting a packed panel costs more than converting the weights in
- * registers once per 3-token group (measured crossover 16-32 tokens). */
-#define PP_MM_DIRECT_MAX_TOKENS 12
+ * packed panels. Below it, converting the weights in registers once per token tile beats packing
+ * them (pp_bench_matmul, 1 thread, f16 and Q8_0: the direct nest 1.2-1.6x faster at 13-20 tokens,
+ * even at 24, mixed at 32). */
+#ifndef PP_MM_DIRECT_MAX_TOKENS
+#define PP_MM_DIRECT_MAX_TOKENS 20
+#endif
 
 /* Reduction blocking of the few-token nest (kernels/cpu/simd_avx2.c): a block holds at most this
  * many activation floats (n tokens × block length: 64 KiB, in L2), and block lengths are a multiple

@@ -242,7 +242,7 @@ static void test_matmul_batch_invariant(void **state)
     backends_free(be);
 }
 
-/* Decode-sized batches (1..16 tokens: the few-token nest and just past it) with rows long enough to
+/* Decode-sized batches (1..24 tokens: the few-token nest and just past it) with rows long enough to
  * be cut into several reduction blocks (up to 2960 elements, ragged): each token's row of outputs
  * has the same bits alone on any thread count as inside the batch on 1..4 threads, for every
  * dtype. */
@@ -261,7 +261,7 @@ static void test_matmul_small_batches(void **state)
         int64_t cols = dts[d] == PP_DTYPE_Q8_0 ? 2944 : 2957;
         struct test_weight tw;
         weight_make(&tw, dts[d], ROWS, cols, &seed);
-        for (int64_t n = 1; n <= 16; n++) {
+        for (int64_t n = 1; n <= 24; n++) {
             float *x = rand_floats(&seed, n * cols, -2.0f, 2.0f);
             size_t bytes = (size_t)(n * ROWS) * sizeof(float);
             float *yb[N_BE], one[ROWS];

@@ -104,11 +104,12 @@ static void test_matmul_rows_match(void **state)
     unsigned seed = 9;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
     /* cols around the chunk size (256) and ragged; n on both sides of the direct/packed switch
-     * (12) and not a multiple of the 3- or 4-token tiles; rows not a multiple of the 3- or 4-row
+     * (20) and not a multiple of the 3- or 4-token tiles; rows not a multiple of the 3- or 4-row
      * tiles or the 15-row panel */
     const int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 2}, {9, 33, 3}, {13, 257, 4}, {70, 300, 5},
                                  {3, 520, 7}, {67, 256, 11}, {4, 64, 40}, {130, 96, 1},
-                                 {13, 257, 13}, {70, 300, 17}, {17, 530, 14}, {40, 1000, 30}};
+                                 {13, 257, 13}, {70, 300, 17}, {17, 530, 14}, {40, 1000, 30},
+                                 {19, 300, 21}, {9, 530, 20}};
     for (int d = 0; d < 4; d++)
         for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
             int64_t cols = shapes[i][1];
@@ -118,7 +119,7 @@ static void test_matmul_rows_match(void **state)
         }
 }
 
-/* The few-token nest for every n it serves and a little beyond (1..16): n picks the row group (4 or
+/* The few-token nest for every n it serves and a little beyond (1..24): n picks the row group (4 or
  * 3 rows) and the token tiles, and the reduction block (PP_MM_DIRECT_KB_FLOATS / n elements), so
  * cols are taken below, at and above one block and two, ragged (not a multiple of 8 or 32) where
  * the dtype allows; rows not a multiple of either group, in chunks of rows as threads take them. */
@@ -128,7 +129,7 @@ static void test_direct_all_token_counts(void **state)
     unsigned seed = 21;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
     for (int d = 0; d < 4; d++)
-        for (int64_t n = 1; n <= 16; n++) {
+        for (int64_t n = 1; n <= PP_MM_DIRECT_MAX_TOKENS + 4; n++) {
             int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
             const int64_t cols_list[] = {37, 261, kb, kb + 13, 2 * kb + 45};
             for (int c = 0; c < 5; c++) {
