@@ -328,10 +328,13 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                 int rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
                 m.w = (const char *)a->w + r * a->row_bytes;
                 /* the first token tile prefetches the next row group's lines of this block, or
-                 * after the last group the first group's lines of the next block */
+                 * after the last group the first group's lines of the next block, if any */
                 int64_t pr = r + PP_MM_DIRECT_PF_GROUPS * mr, pf = (pr - r) * a->row_bytes;
-                if (pr >= rs1)
-                    pf = (pr - (rs1 - rs) - r) * a->row_bytes + block_bytes(a->dtype, kb);
+                if (pr >= rs1) /* nothing to prefetch after the last block: the thread's next
+                                  * rows are not known here */
+                    pf = k0 + kl < cols
+                             ? (pr - (rs1 - rs) - r) * a->row_bytes + block_bytes(a->dtype, kb)
+                             : 0;
                 for (int64_t t = 0, ti = 0; t < n; ti++) {
                     /* tiles as even as possible: the first n % n_tiles get one more token */
                     int nt = (int)(n / n_tiles + (ti < n % n_tiles));
