@@ -290,16 +290,19 @@ static int dtype_index(enum pp_dtype dt)
 }
 
 /* The few-token nest. The reduction is cut into blocks of kb elements whose activations (n × kb
- * floats) stay in L1 while every row of a super-block of rows passes over them, each row group
- * covering all n tokens before the next; the lane sums of (row, token) wait in scratch between
- * blocks, which continues each lane's chain exactly. So each weight byte is read from memory once
- * per call whatever n, and the activations come from L1. Rows go in groups of 4 with token tiles
- * of up to 3, or of 3 with tiles of up to 4, whichever needs fewer loads per FMA for this n. */
+ * floats, at most PP_MM_DIRECT_KB_FLOATS) stay in cache while every row of a super-block of rows
+ * (the thread's chunk) passes over them, each row group covering all n tokens before the next; the
+ * lane sums of (row, token) wait in scratch between blocks, which continues each lane's chain
+ * exactly. So each weight byte is read from memory once per call whatever n, and the activations
+ * come from cache. Rows go in groups of 4 with token tiles of up to 3, or of 3 with tiles of up to
+ * 4, whichever needs fewer loads per FMA for this n (counted for n <= 12). */
 static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                    const struct pp_mm_scratch *s)
 {
     const dtile_fn *tab = &dtiles[dtype_index(a->dtype)][0][0];
     int64_t n = a->n, cols = a->cols;
+    if (n <= 0)
+        return;
     /* row group and token tiles: MR = 3 with tiles of 4 when that takes fewer loads */
     int mr = (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
     int ntmax = mr == 4 ? 3 : 4;
