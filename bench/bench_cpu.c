@@ -1,14 +1,18 @@
 /* pp_bench: the CPU backend at the machine's limits, on the tinyllama shape.
  *
  *   pp_bench [--threads N] [--models DIR] [--dtypes f16,bf16,q8_0] [--prompt N] [--decode N]
- *            [--json PATH]
+ *            [--decode-batch B] [--json PATH]
  *
  * Measures, in one run: the machine's read bandwidth and FP32 FMA peak with N threads (before and
  * after the models; the better of the two is the bound); then per
  * weight dtype (models DIR/<dtype>/model.gguf, written by the synth API when missing) the prefill
  * rate of one prompt and the greedy decode rate after it, the bytes a decode step reads, decode
  * as a fraction of the bandwidth bound and prefill as a fraction of the FMA peak; and our f32
- * matmul against OpenBLAS cblas_sgemm on the model's shapes, one token and a prompt's worth. */
+ * matmul against OpenBLAS cblas_sgemm on the model's shapes, one token and a prompt's worth.
+ * --decode-batch B (B >= 2) adds, per dtype, decode steps of B sequences together (a small
+ * microbatch: B tokens per step, each sequence after a 16-token prompt): tokens/s, and the weights
+ * streamed per second (weight bytes of a step ÷ the median step), which shows how well the matmul
+ * serves B tokens from one read of the weights. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +32,7 @@ struct opts {
     char dtypes[64];
     int prompt;
     int decode;
+    int decode_batch; /* 0: none */
     const char *json;
 };
 
@@ -42,14 +47,20 @@ struct dtype_result {
     double decode_frac_bw;
     double decode_best_frac_bw;
     double prefill_frac_peak;
+    double batch_step_s;        /* median step of decode_batch sequences; 0 when not run */
+    double batch_weight_bytes;  /* weight bytes one step reads (matrices, LM head) */
+    double batch_frac_bw;       /* weight bytes per second ÷ read bandwidth */
 };
 
 static int usage(void)
 {
     fprintf(stderr, "usage: pp_bench [--threads N] [--models DIR] [--dtypes f16,bf16,q8_0] "
-                    "[--prompt N] [--decode N] [--json PATH]\n");
+                    "[--prompt N] [--decode N] [--decode-batch B] [--json PATH]\n");
     return 2;
 }
+
+static int argmax(const float *v, int n);
+static int cmp_double(const void *a, const void *b);
 
 static int64_t weight_bytes(const struct pp_weight *w)
 {
@@ -73,6 +84,70 @@ static double decode_bytes(const struct pp_model *m, double ctx)
     b += (double)pp_dtype_row_bytes(m->embedding.dtype, m->embedding.cols);
     b += (double)c->n_layers * 2.0 * ctx * c->n_kv_heads * c->head_dim * 4.0;
     return b;
+}
+
+/* Weight bytes every decode step reads whatever its batch: the layer matrices and the LM head. */
+static double step_weight_bytes(const struct pp_model *m)
+{
+    double b = (double)weight_bytes(&m->lm_head);
+    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+        const struct pp_layer_weights *lw = &m->layers[l];
+        b += (double)(weight_bytes(&lw->wq) + weight_bytes(&lw->wk) + weight_bytes(&lw->wv) +
+                      weight_bytes(&lw->wo) + weight_bytes(&lw->w_gate) + weight_bytes(&lw->w_up) +
+                      weight_bytes(&lw->w_down));
+    }
+    return b;
+}
+
+#define BATCH_PROMPT 16
+
+/* Decode steps of o->decode_batch sequences together after a BATCH_PROMPT-token prompt each:
+ * the median step time into r. */
+static pp_status run_batch(const struct opts *o, struct pp_executor *ex, const struct pp_model *m,
+                           struct dtype_result *r)
+{
+    int nb = o->decode_batch;
+    const struct pp_model_config *c = &m->cfg;
+    struct pp_exec_seq *seqs = malloc(sizeof(*seqs) * (size_t)nb);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)nb * BATCH_PROMPT);
+    float *logits = malloc(sizeof(float) * (size_t)nb * (size_t)c->vocab_size);
+    double *steps = malloc(sizeof(double) * (size_t)o->decode);
+    pp_status st = PP_OK;
+    if (!seqs || !toks || !logits || !steps) {
+        st = PP_ERR_NOMEM;
+        goto out;
+    }
+    for (int i = 0; i < nb; i++) {
+        seqs[i] = (struct pp_exec_seq){100 + (uint64_t)i, 0, BATCH_PROMPT, 1};
+        for (int k = 0; k < BATCH_PROMPT; k++)
+            toks[i * BATCH_PROMPT + k] = (int32_t)((i * 131 + k * 7919 + 17) % c->vocab_size);
+    }
+    struct pp_exec_batch b = {nb, seqs, toks, NULL};
+    if ((st = pp_executor_forward(ex, &b, NULL, logits)) != PP_OK)
+        goto out;
+    for (int s = 0; s < o->decode; s++) {
+        for (int i = 0; i < nb; i++) {
+            seqs[i].pos += seqs[i].n_tokens;
+            seqs[i].n_tokens = 1;
+            toks[i] = argmax(logits + (size_t)i * (size_t)c->vocab_size, c->vocab_size);
+        }
+        double t0 = pp_bench_now();
+        if ((st = pp_executor_forward(ex, &b, NULL, logits)) != PP_OK)
+            goto out;
+        steps[s] = pp_bench_now() - t0;
+    }
+    qsort(steps, (size_t)o->decode, sizeof(double), cmp_double);
+    r->batch_step_s = steps[o->decode / 2];
+    r->batch_weight_bytes = step_weight_bytes(m);
+out:
+    if (seqs)
+        for (int i = 0; i < nb; i++)
+            pp_executor_release(ex, 100 + (uint64_t)i);
+    free(seqs);
+    free(toks);
+    free(logits);
+    free(steps);
+    return st;
 }
 
 /* FLOPs of a prompt of n tokens: every layer matrix per token, attention over the causal
@@ -157,7 +232,7 @@ static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype
     if ((st = pp_backend_cpu_new(o->threads, &be)) != PP_OK)
         goto out;
     struct pp_executor_opts eo = {0};
-    eo.max_seqs = 2;
+    eo.max_seqs = 2 + o->decode_batch;
     eo.max_context = o->prompt + o->decode + 8;
     if ((st = pp_executor_new(m, be, &eo, &ex)) != PP_OK)
         goto out;
@@ -207,6 +282,9 @@ static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype
     r->decode_best_tok_s = 1.0 / steps[0];
     r->decode_bytes_per_token = decode_bytes(m, o->prompt + o->decode / 2.0);
     r->prefill_flops_per_token = prefill_flops(m, o->prompt) / o->prompt;
+    r->batch_step_s = 0.0;
+    if (o->decode_batch > 0)
+        st = run_batch(o, ex, m, r);
 out:
     free(logits);
     free(ids);
@@ -225,6 +303,7 @@ static int parse(int argc, char **argv, struct opts *o)
     snprintf(o->dtypes, sizeof(o->dtypes), "f16,bf16,q8_0");
     o->prompt = 128;
     o->decode = 32;
+    o->decode_batch = 0;
     o->json = NULL;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -240,12 +319,17 @@ static int parse(int argc, char **argv, struct opts *o)
             o->prompt = atoi(v);
         else if (strcmp(a, "--decode") == 0)
             o->decode = atoi(v);
+        else if (strcmp(a, "--decode-batch") == 0)
+            o->decode_batch = atoi(v);
         else if (strcmp(a, "--json") == 0)
             o->json = v;
         else
             return -1;
     }
-    return o->threads >= 1 && o->prompt >= 1 && o->decode >= 1 ? 0 : -1;
+    return o->threads >= 1 && o->prompt >= 1 && o->decode >= 1 &&
+                   (o->decode_batch == 0 || (o->decode_batch >= 2 && o->decode_batch <= 64))
+               ? 0
+               : -1;
 }
 
 int main(int argc, char **argv)
@@ -295,6 +379,9 @@ int main(int argc, char **argv)
             bw_best > 0 ? r->decode_best_tok_s * r->decode_bytes_per_token / bw_best : 0;
         r->prefill_frac_peak =
             peak_best > 0 ? r->prefill_tok_s * r->prefill_flops_per_token / peak_best : 0;
+        r->batch_frac_bw = bw_best > 0 && r->batch_step_s > 0
+                               ? r->batch_weight_bytes / r->batch_step_s / bw_best
+                               : 0;
     }
 
     /* f32 matmul vs OpenBLAS on the tinyllama shapes */
@@ -329,6 +416,19 @@ int main(int argc, char **argv)
                r->dtype, r->decode_tok_s, r->decode_mean_tok_s, r->decode_best_tok_s,
                r->decode_bytes_per_token / 1e6, 100 * r->decode_frac_bw,
                100 * r->decode_best_frac_bw, r->prefill_tok_s, 100 * r->prefill_frac_peak);
+    }
+    if (o.decode_batch > 0) {
+        printf("\ndecode steps of %d sequences together (prompt %d each, median of %d steps)\n",
+               o.decode_batch, BATCH_PROMPT, o.decode);
+        printf("%-6s %12s %12s %13s %14s\n", "dtype", "step ms", "tok/s", "weights GB/s",
+               "weights/bound");
+        for (int i = 0; i < n_res; i++) {
+            const struct dtype_result *r = &res[i];
+            int len = (int)strcspn(r->dtype, ",");
+            printf("%-6.*s %12.1f %12.2f %13.2f %13.1f%%\n", len, r->dtype, r->batch_step_s * 1e3,
+                   o.decode_batch / r->batch_step_s, r->batch_weight_bytes / r->batch_step_s / 1e9,
+                   100 * r->batch_frac_bw);
+        }
     }
     printf("\nf32 matmul, ours vs cblas_sgemm (time ratio blas/ours; > 1: ours faster)\n");
     for (int k = 0; k < 2; k++) {
@@ -397,6 +497,25 @@ int main(int argc, char **argv)
             pp_json_double(&j, r->prefill_flops_per_token);
             pp_json_key(&j, "prefill_fraction_of_fma_peak");
             pp_json_double(&j, r->prefill_frac_peak);
+            if (o.decode_batch > 0) {
+                pp_json_key(&j, "decode_batch");
+                pp_json_begin_object(&j);
+                pp_json_key(&j, "sequences");
+                pp_json_int(&j, o.decode_batch);
+                pp_json_key(&j, "prompt_tokens");
+                pp_json_int(&j, BATCH_PROMPT);
+                pp_json_key(&j, "step_s");
+                pp_json_double(&j, r->batch_step_s);
+                pp_json_key(&j, "tok_s");
+                pp_json_double(&j, o.decode_batch / r->batch_step_s);
+                pp_json_key(&j, "weight_bytes_per_step");
+                pp_json_double(&j, r->batch_weight_bytes);
+                pp_json_key(&j, "weights_bytes_s");
+                pp_json_double(&j, r->batch_weight_bytes / r->batch_step_s);
+                pp_json_key(&j, "weights_fraction_of_bandwidth_bound");
+                pp_json_double(&j, r->batch_frac_bw);
+                pp_json_end_object(&j);
+            }
             pp_json_end_object(&j);
         }
         pp_json_end_array(&j);

@@ -22,9 +22,22 @@
 #define PP_MM_NC_MAX (PP_MM_ACC_CAP / (8 * 3)) /* tokens per pass over the weights */
 
 /* Up to this many tokens the vector matmul reads weights directly (decode nest); more go through
- * packed panels. Below it, converting a packed panel costs more than converting the weights in
- * registers once per 3-token group (measured crossover 16-32 tokens). */
-#define PP_MM_DIRECT_MAX_TOKENS 12
+ * packed panels. Below it, converting the weights in registers once per token tile beats packing
+ * them (pp_bench_matmul, 1 thread, f16 and Q8_0: the direct nest 1.2-1.6x faster at 13-20 tokens,
+ * even at 24, mixed at 32). */
+#ifndef PP_MM_DIRECT_MAX_TOKENS
+#define PP_MM_DIRECT_MAX_TOKENS 20
+#endif
+
+/* Reduction blocking of the few-token nest (kernels/cpu/simd_avx2.c): a block holds at most this
+ * many activation floats (n tokens × block length: 64 KiB, in L2), and block lengths are a multiple
+ * of ALIGN (whole Q8_0 blocks, whole 8-lane steps). Blocks whose activations fit L1 (16 KiB) were
+ * slower on Zen 3: each row is then read in short pieces (1 KiB for 8 tokens), and the stream
+ * prefetch restarts on every piece. Blocking never changes a bit. */
+#ifndef PP_MM_DIRECT_KB_FLOATS
+#define PP_MM_DIRECT_KB_FLOATS 16384
+#endif
+#define PP_MM_DIRECT_KB_ALIGN 32
 
 /* One matmul y[n, rows] = x[n, cols] · wᵀ as the inner loops see it. */
 struct pp_mm_args {

@@ -6,8 +6,10 @@
  * Matmul runs one of two loop nests over the same arithmetic:
  *  - up to PP_MM_DIRECT_MAX_TOKENS tokens (decode, small microbatches): weights are read straight
  *    from the mapped file and converted in registers (F16C, bf16 shift, int8 → f32 times the block
- *    scale), 4 rows × up to 3 tokens of accumulators per tile, so each weight byte comes from
- *    memory once;
+ *    scale); the reduction is cut into blocks of PP_MM_DIRECT_KB_FLOATS / n elements, and in each
+ *    block every row group (4 rows × tiles of up to 3 tokens, or 3 rows × up to 4) covers all n
+ *    tokens before the next group, with lane sums in scratch between blocks, so each weight byte
+ *    comes from memory once per call and the block's activations stay in cache;
  *  - more tokens (prefill, large microbatches): a panel of PP_MM_MC_MAX rows × PP_MM_KC elements
  *    is converted once into f32 scratch, then a register-blocked micro-kernel (3 rows × 4 tokens
  *    of accumulators) sweeps every token over it; partial lane sums live in scratch between
@@ -31,6 +33,20 @@
 #include "kernels/cpu/cpu-impl.h"
 
 #define AI static inline __attribute__((always_inline))
+
+/* Software prefetch in the few-token nest: the first token tile of a row group prefetches the same
+ * lines of the row group PF_GROUPS ahead. Compile-time knobs for experiments (pp_bench_matmul);
+ * on Zen 3 one group ahead into L1 was best, and without it the nest loses a third of its rate
+ * (the hardware stream prefetch restarts on every row piece). */
+#ifndef PP_MM_DIRECT_PREFETCH
+#define PP_MM_DIRECT_PREFETCH 1
+#endif
+#ifndef PP_MM_DIRECT_PF_GROUPS
+#define PP_MM_DIRECT_PF_GROUPS 1
+#endif
+#ifndef PP_MM_PF_HINT
+#define PP_MM_PF_HINT _MM_HINT_T0
+#endif
 
 
 /* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), as pp__merge8. */
@@ -92,33 +108,52 @@ static __m256 ld_w_tail(const char *row, enum pp_dtype dt, int64_t k, int64_t re
 
 /* --- few tokens: weights straight from memory ------------------------------------------------- */
 
-/* y for rows [r, r+MR) × tokens [t, t+NT): MR·NT accumulators over the whole reduction. */
-AI void direct_tile(const struct pp_mm_args *a, enum pp_dtype dt, int MR, int NT, int64_t r,
-                    int64_t t)
+/* Where one direct tile's operands are, for one block [k0, k0 + kl) of the reduction. */
+struct dtile {
+    const char *w;      /* stored weight row 0 of the tile; rows row_bytes apart */
+    int64_t row_bytes;
+    const float *x;     /* activations of token 0 of the tile; tokens ldx apart */
+    int64_t ldx;
+    int64_t k0;         /* first element of the block (a multiple of PP_MM_DIRECT_KB_ALIGN) */
+    int64_t full;       /* whole 8-element steps of the block, in elements */
+    int64_t rem;        /* elements of the zero-padded last step (last block only), 0 if none */
+    float *acc;         /* lane sums of (row i, token j) at acc + i * lda + j * 8 */
+    int64_t lda;
+    int first, last;    /* first block: start from zero; last: merge into y */
+    float *y;           /* y of (row 0, token 0); token j, row i at y + j * ldy + i */
+    int64_t ldy;
+    int64_t pf;         /* bytes from a weight to the one to prefetch alongside it; 0: none */
+};
+
+/* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
+AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
 {
     const char *rowp[4];
-    const float *xp[3];
-    __m256 acc[4][3];
+    const float *xp[4];
+    __m256 acc[4][4];
     _Pragma("GCC unroll 4")
     for (int i = 0; i < MR; i++)
-        rowp[i] = (const char *)a->w + (r + i) * a->row_bytes;
+        rowp[i] = m->w + i * m->row_bytes;
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NT; j++)
-        xp[j] = a->x + (t + j) * a->cols;
+        xp[j] = m->x + j * m->ldx;
     _Pragma("GCC unroll 4")
     for (int i = 0; i < MR; i++)
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++)
-            acc[i][j] = _mm256_setzero_ps();
-    int64_t cols = a->cols, full = cols & ~(int64_t)7;
+            acc[i][j] = m->first ? _mm256_setzero_ps()
+                                 : _mm256_loadu_ps(m->acc + i * m->lda + j * 8);
+    int64_t k0 = m->k0, kend = m->k0 + m->full;
     if (dt == PP_DTYPE_Q8_0) {
         /* one scale per row per 32-element block, four steps under it */
-        for (int64_t k = 0; k < cols; k += PP_Q8_0_BLOCK) {
+        for (int64_t k = k0; k < kend; k += PP_Q8_0_BLOCK) {
             __m256 d[4];
             const uint8_t *blk[4];
             _Pragma("GCC unroll 4")
             for (int i = 0; i < MR; i++) {
                 blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * PP_Q8_0_BYTES;
+                if (m->pf)
+                    _mm_prefetch((const char *)blk[i] + m->pf, PP_MM_PF_HINT);
                 d[i] = _mm256_set1_ps(q8_scale(blk[i]));
             }
             _Pragma("GCC unroll 4")
@@ -137,7 +172,34 @@ AI void direct_tile(const struct pp_mm_args *a, enum pp_dtype dt, int MR, int NT
             }
         }
     } else {
-        for (int64_t k = 0; k < full; k += 8) {
+        int64_t esz = dt == PP_DTYPE_F32 ? 4 : 2, k = k0;
+        /* 32 elements (one or two cache lines of each row) per pass, prefetching the same lines
+         * of the rows that come next */
+        for (; k + 32 <= kend; k += 32) {
+            if (m->pf) {
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < MR; i++) {
+                    _mm_prefetch(rowp[i] + k * esz + m->pf, PP_MM_PF_HINT);
+                    if (esz == 4)
+                        _mm_prefetch(rowp[i] + k * esz + 64 + m->pf, PP_MM_PF_HINT);
+                }
+            }
+            _Pragma("GCC unroll 4")
+            for (int s = 0; s < 32; s += 8) {
+                __m256 wv[4];
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < MR; i++)
+                    wv[i] = ld_w(rowp[i], dt, k + s);
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NT; j++) {
+                    __m256 xv = _mm256_loadu_ps(xp[j] + k + s);
+                    _Pragma("GCC unroll 4")
+                    for (int i = 0; i < MR; i++)
+                        acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+                }
+            }
+        }
+        for (; k < kend; k += 8) {
             __m256 wv[4];
             _Pragma("GCC unroll 4")
             for (int i = 0; i < MR; i++)
@@ -150,66 +212,145 @@ AI void direct_tile(const struct pp_mm_args *a, enum pp_dtype dt, int MR, int NT
                     acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
             }
         }
-        if (full < cols) {
-            __m256i m = tail_mask(cols - full);
+        if (m->rem) {
+            __m256i mk = tail_mask(m->rem);
             __m256 wv[4];
             _Pragma("GCC unroll 4")
             for (int i = 0; i < MR; i++)
-                wv[i] = ld_w_tail(rowp[i], dt, full, cols - full);
+                wv[i] = ld_w_tail(rowp[i], dt, kend, m->rem);
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++) {
-                __m256 xv = _mm256_maskload_ps(xp[j] + full, m);
+                __m256 xv = _mm256_maskload_ps(xp[j] + kend, mk);
                 _Pragma("GCC unroll 4")
                 for (int i = 0; i < MR; i++)
                     acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
             }
         }
     }
-    _Pragma("GCC unroll 4")
-    for (int i = 0; i < MR; i++)
+    if (m->last) {
         _Pragma("GCC unroll 4")
-        for (int j = 0; j < NT; j++)
-            a->y[(t + j) * a->rows + r + i] = merge8(acc[i][j]);
+        for (int i = 0; i < MR; i++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++)
+                m->y[j * m->ldy + i] = merge8(acc[i][j]);
+    } else {
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < MR; i++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++)
+                _mm256_storeu_ps(m->acc + i * m->lda + j * 8, acc[i][j]);
+    }
 }
 
-AI void direct_rows(const struct pp_mm_args *a, enum pp_dtype dt, int MR, int64_t r)
+typedef void (*dtile_fn)(const struct dtile *m);
+
+/* One function per dtype × MR × NT (MR·NT <= 12: the accumulators, MR weights and one activation
+ * fit the 16 ymm registers). */
+#define DTILE(name, dt, mr, nt)                                                                    \
+    __attribute__((noinline)) static void dtile_##name##_##mr##x##nt(const struct dtile *m)       \
+    {                                                                                              \
+        dtile_run(m, dt, mr, nt);                                                                  \
+    }
+#define DTILE_MR(name, dt, mr)                                                                     \
+    DTILE(name, dt, mr, 1) DTILE(name, dt, mr, 2) DTILE(name, dt, mr, 3) DTILE(name, dt, mr, 4)
+#define DTILE_DT(name, dt)                                                                         \
+    DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) DTILE(name, dt, 4, 1)       \
+    DTILE(name, dt, 4, 2) DTILE(name, dt, 4, 3)
+DTILE_DT(f32, PP_DTYPE_F32)
+DTILE_DT(f16, PP_DTYPE_F16)
+DTILE_DT(bf16, PP_DTYPE_BF16)
+DTILE_DT(q8_0, PP_DTYPE_Q8_0)
+#define DTILE_ROW(name, mr)                                                                        \
+    {NULL, dtile_##name##_##mr##x1, dtile_##name##_##mr##x2, dtile_##name##_##mr##x3,             \
+     dtile_##name##_##mr##x4}
+#define DTILE_TABLE(name)                                                                          \
+    {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
+     {NULL, dtile_##name##_4x1, dtile_##name##_4x2, dtile_##name##_4x3, NULL}}
+
+/* [dtype][MR][NT] */
+static const dtile_fn dtiles[4][5][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16),
+                                         DTILE_TABLE(q8_0)};
+
+/* Stored bytes of kb elements of a row (kb a multiple of PP_MM_DIRECT_KB_ALIGN). */
+static int64_t block_bytes(enum pp_dtype dt, int64_t kb)
 {
-    int64_t t = 0;
-    for (; t + 3 <= a->n; t += 3)
-        direct_tile(a, dt, MR, 3, r, t);
-    if (a->n - t == 2)
-        direct_tile(a, dt, MR, 2, r, t);
-    else if (a->n - t == 1)
-        direct_tile(a, dt, MR, 1, r, t);
+    if (dt == PP_DTYPE_Q8_0)
+        return kb / PP_Q8_0_BLOCK * PP_Q8_0_BYTES;
+    return kb * (dt == PP_DTYPE_F32 ? 4 : 2);
 }
 
-AI void direct(const struct pp_mm_args *a, enum pp_dtype dt, int64_t r0, int64_t r1)
+static int dtype_index(enum pp_dtype dt)
 {
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4)
-        direct_rows(a, dt, 4, r);
-    for (; r < r1; r++)
-        direct_rows(a, dt, 1, r);
+    switch (dt) {
+    case PP_DTYPE_F32: return 0;
+    case PP_DTYPE_F16: return 1;
+    case PP_DTYPE_BF16: return 2;
+    default: return 3;
+    }
 }
 
-static void direct_f32(const struct pp_mm_args *a, int64_t r0, int64_t r1)
+/* The few-token nest. The reduction is cut into blocks of kb elements whose activations (n × kb
+ * floats, at most PP_MM_DIRECT_KB_FLOATS) stay in cache while every row of a super-block of rows
+ * (the thread's chunk) passes over them, each row group covering all n tokens before the next; the
+ * lane sums of (row, token) wait in scratch between blocks, which continues each lane's chain
+ * exactly. So each weight byte is read from memory once per call whatever n, and the activations
+ * come from cache. Rows go in groups of 4 with token tiles of up to 3, or of 3 with tiles of up to
+ * 4, whichever needs fewer loads per FMA for this n (counted for n <= 12). */
+static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                   const struct pp_mm_scratch *s)
 {
-    direct(a, PP_DTYPE_F32, r0, r1);
-}
-
-static void direct_f16(const struct pp_mm_args *a, int64_t r0, int64_t r1)
-{
-    direct(a, PP_DTYPE_F16, r0, r1);
-}
-
-static void direct_bf16(const struct pp_mm_args *a, int64_t r0, int64_t r1)
-{
-    direct(a, PP_DTYPE_BF16, r0, r1);
-}
-
-static void direct_q8_0(const struct pp_mm_args *a, int64_t r0, int64_t r1)
-{
-    direct(a, PP_DTYPE_Q8_0, r0, r1);
+    const dtile_fn *tab = &dtiles[dtype_index(a->dtype)][0][0];
+    int64_t n = a->n, cols = a->cols;
+    if (n <= 0)
+        return;
+    /* row group and token tiles: MR = 3 with tiles of 4 when that takes fewer loads */
+    int mr = (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
+    int ntmax = mr == 4 ? 3 : 4;
+    int64_t n_tiles = (n + ntmax - 1) / ntmax;
+    int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
+    if (kb < PP_MM_DIRECT_KB_ALIGN)
+        kb = PP_MM_DIRECT_KB_ALIGN;
+    int64_t sb = PP_MM_ACC_CAP / (n * 8);
+    if (kb >= cols) /* one block: no lane sums in scratch, any number of rows */
+        sb = r1 - r0;
+    for (int64_t rs = r0; rs < r1; rs += sb) {
+        int64_t rs1 = r1 - rs < sb ? r1 : rs + sb;
+        struct dtile m;
+        m.row_bytes = a->row_bytes;
+        m.ldx = cols;
+        m.lda = n * 8;
+        m.ldy = a->rows;
+        for (int64_t k0 = 0; k0 < cols; k0 += kb) {
+            int64_t kl = cols - k0 < kb ? cols - k0 : kb;
+            m.k0 = k0;
+            m.full = kl & ~(int64_t)7;
+            m.rem = kl - m.full;
+            m.first = k0 == 0;
+            m.last = k0 + kl == cols;
+            for (int64_t r = rs; r < rs1; r += mr) {
+                int rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
+                m.w = (const char *)a->w + r * a->row_bytes;
+                /* the first token tile prefetches the next row group's lines of this block, or
+                 * after the last group the first group's lines of the next block, if any */
+                int64_t pr = r + PP_MM_DIRECT_PF_GROUPS * mr, pf = (pr - r) * a->row_bytes;
+                if (pr >= rs1) /* nothing to prefetch after the last block: the thread's next
+                                  * rows are not known here */
+                    pf = k0 + kl < cols
+                             ? (pr - (rs1 - rs) - r) * a->row_bytes + block_bytes(a->dtype, kb)
+                             : 0;
+                for (int64_t t = 0, ti = 0; t < n; ti++) {
+                    /* tiles as even as possible: the first n % n_tiles get one more token */
+                    int nt = (int)(n / n_tiles + (ti < n % n_tiles));
+                    m.pf = ti == 0 && PP_MM_DIRECT_PREFETCH ? pf : 0;
+                    m.x = a->x + t * cols;
+                    m.acc = s->acc + ((r - rs) * n + t) * 8;
+                    m.y = a->y + t * a->rows + r;
+                    tab[rows * 5 + nt](&m);
+                    t += nt;
+                }
+            }
+        }
+    }
 }
 
 /* --- many tokens: packed panels and the register-blocked micro-kernel ------------------------- */
@@ -408,12 +549,7 @@ static void matmul_rows_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                              const struct pp_mm_scratch *s)
 {
     if (a->n <= PP_MM_DIRECT_MAX_TOKENS) {
-        switch (a->dtype) {
-        case PP_DTYPE_F32: direct_f32(a, r0, r1); break;
-        case PP_DTYPE_F16: direct_f16(a, r0, r1); break;
-        case PP_DTYPE_BF16: direct_bf16(a, r0, r1); break;
-        default: direct_q8_0(a, r0, r1); break;
-        }
+        direct(a, r0, r1, s);
         return;
     }
     switch (a->dtype) {

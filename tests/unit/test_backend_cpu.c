@@ -242,6 +242,52 @@ static void test_matmul_batch_invariant(void **state)
     backends_free(be);
 }
 
+/* Decode-sized batches (1..24 tokens: the few-token nest and just past it) with rows long enough to
+ * be cut into several reduction blocks (up to 2960 elements, ragged): each token's row of outputs
+ * has the same bits alone on any thread count as inside the batch on 1..4 threads, for every
+ * dtype. */
+static void test_matmul_small_batches(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    for (int i = 0; i < N_BE; i++) {
+        assert_int_equal(pp_backend_cpu_new(i + 1, &be[i]), PP_OK);
+        assert_int_equal(be[i]->ops->reserve(be[i], 4096, 16), PP_OK);
+    }
+    uint64_t seed = 13;
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    enum { ROWS = 53 };
+    for (int d = 0; d < 4; d++) {
+        int64_t cols = dts[d] == PP_DTYPE_Q8_0 ? 2944 : 2957;
+        struct test_weight tw;
+        weight_make(&tw, dts[d], ROWS, cols, &seed);
+        for (int64_t n = 1; n <= 24; n++) {
+            float *x = rand_floats(&seed, n * cols, -2.0f, 2.0f);
+            size_t bytes = (size_t)(n * ROWS) * sizeof(float);
+            float *yb[N_BE], one[ROWS];
+            for (int b = 0; b < N_BE; b++) {
+                yb[b] = malloc(bytes);
+                be[b]->ops->matmul(be[b], yb[b], x, &tw.w, n);
+                if (b > 0 && memcmp(yb[0], yb[b], bytes) != 0)
+                    fail_msg("matmul %s n=%lld: %d threads differ from 1 thread",
+                             pp_dtype_name(dts[d]), (long long)n, b + 1);
+            }
+            for (int64_t t = 0; t < n; t++) {
+                struct pp_backend *b1 = be[(t + n) % N_BE];
+                b1->ops->matmul(b1, one, x + t * cols, &tw.w, 1);
+                if (memcmp(one, yb[0] + t * ROWS, sizeof(one)) != 0)
+                    fail_msg("matmul %s: token %lld alone differs from inside a batch of %lld",
+                             pp_dtype_name(dts[d]), (long long)t, (long long)n);
+            }
+            for (int b = 0; b < N_BE; b++)
+                free(yb[b]);
+            free(x);
+        }
+        weight_free(&tw);
+    }
+    backends_free(be);
+}
+
 /* The vector inner loops chosen for this CPU give the portable loops' bits (PP_SIMD=portable
  * forces the latter when a backend is created), on ragged shapes and batches that are not a multiple
  * of the 4-token vector step, so a result never depends on which machine computed it. */
@@ -818,6 +864,7 @@ int main(void)
         cmocka_unit_test(test_matmul_bf16),
         cmocka_unit_test(test_matmul_q8_0),
         cmocka_unit_test(test_matmul_batch_invariant),
+        cmocka_unit_test(test_matmul_small_batches),
         cmocka_unit_test(test_matmul_simd_matches_portable),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope_layouts),

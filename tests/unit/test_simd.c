@@ -35,7 +35,8 @@ static void test_dot_matches(void **state)
 
 /* One random matmul through both tables: the same bits, and each element equal to pp__dot of the
  * exactly converted weight row. */
-static void check_rows(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n, unsigned *seed)
+static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n,
+                             int64_t chunk, unsigned *seed)
 {
     const struct pp_simd *fast = pp_simd_get(), *port = pp_simd_portable();
     int64_t rb = pp_dtype_row_bytes(dt, cols);
@@ -67,7 +68,9 @@ static void check_rows(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n, 
     }
     struct pp_mm_args a = {y1, x, w, dt, rows, cols, n, rb};
     struct pp_mm_scratch s = {row, panel, acc};
-    fast->matmul_rows(&a, 0, rows, &s);
+    /* in chunks of rows, as threads take them: which rows share a call changes no bit */
+    for (int64_t r = 0; r < rows; r += chunk)
+        fast->matmul_rows(&a, r, r + chunk < rows ? r + chunk : rows, &s);
     a.y = y2;
     port->matmul_rows(&a, 0, rows, &s);
     if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
@@ -90,23 +93,54 @@ static void check_rows(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n, 
     free(acc);
 }
 
+static void check_rows(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n, unsigned *seed)
+{
+    check_rows_split(dt, rows, cols, n, rows, seed);
+}
+
 static void test_matmul_rows_match(void **state)
 {
     (void)state;
     unsigned seed = 9;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
     /* cols around the chunk size (256) and ragged; n on both sides of the direct/packed switch
-     * (12) and not a multiple of the 3- or 4-token tiles; rows not a multiple of the 3- or 4-row
+     * (20) and not a multiple of the 3- or 4-token tiles; rows not a multiple of the 3- or 4-row
      * tiles or the 15-row panel */
     const int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 2}, {9, 33, 3}, {13, 257, 4}, {70, 300, 5},
                                  {3, 520, 7}, {67, 256, 11}, {4, 64, 40}, {130, 96, 1},
-                                 {13, 257, 13}, {70, 300, 17}, {17, 530, 14}, {40, 1000, 30}};
+                                 {13, 257, 13}, {70, 300, 17}, {17, 530, 14}, {40, 1000, 30},
+                                 {19, 300, 21}, {9, 530, 20}};
     for (int d = 0; d < 4; d++)
         for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
             int64_t cols = shapes[i][1];
             if (dts[d] == PP_DTYPE_Q8_0)
                 cols = (cols + PP_Q8_0_BLOCK - 1) / PP_Q8_0_BLOCK * PP_Q8_0_BLOCK;
             check_rows(dts[d], shapes[i][0], cols, shapes[i][2], &seed);
+        }
+}
+
+/* The few-token nest for every n it serves and a little beyond (1..24): n picks the row group (4 or
+ * 3 rows) and the token tiles, and the reduction block (PP_MM_DIRECT_KB_FLOATS / n elements), so
+ * cols are taken below, at and above one block and two, ragged (not a multiple of 8 or 32) where
+ * the dtype allows; rows not a multiple of either group, in chunks of rows as threads take them. */
+static void test_direct_all_token_counts(void **state)
+{
+    (void)state;
+    unsigned seed = 21;
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    for (int d = 0; d < 4; d++)
+        for (int64_t n = 1; n <= PP_MM_DIRECT_MAX_TOKENS + 4; n++) {
+            int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
+            const int64_t cols_list[] = {37, 261, kb, kb + 13, 2 * kb + 45};
+            for (int c = 0; c < 5; c++) {
+                int64_t cols = cols_list[c];
+                if (cols > 20000) /* n = 1, 2: the one-block case is covered above */
+                    continue;
+                if (dts[d] == PP_DTYPE_Q8_0)
+                    cols = (cols + PP_Q8_0_BLOCK - 1) / PP_Q8_0_BLOCK * PP_Q8_0_BLOCK;
+                int64_t rows = 7 + (n + c) % 9; /* 7..15 */
+                check_rows_split(dts[d], rows, cols, n, 1 + (n + c) % 6, &seed);
+            }
         }
 }
 
@@ -142,6 +176,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dot_matches),
         cmocka_unit_test(test_matmul_rows_match),
+        cmocka_unit_test(test_direct_all_token_counts),
         cmocka_unit_test(test_conversions_match),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

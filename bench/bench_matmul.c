@@ -1,0 +1,273 @@
+/* pp_bench_matmul: the CPU matmul alone on few tokens (decode and small microbatches), as GB/s of
+ * weights streamed.
+ *
+ *   pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] [--tokens 1,2,4,8,12] [--reps R]
+ *                   [--row-div D] [--json PATH]
+ *
+ * The weights are the seven matrices of one tinyllama layer (wq, wk, wv, wo, gate, up, down; 88 MB
+ * in f16, beyond a 32 MiB L3), random, in the given dtype. One pass runs the seven matmuls in a
+ * decode step's order with n tokens; a figure is the median of R passes (best beside it) after a
+ * warm-up pass. GB/s = weight bytes of the pass ÷ its time: each weight byte is read once per
+ * call, so this is the rate the kernel streams weights at, to compare with pp_bench's read
+ * bandwidth. "cpu GB/s" divides by the median CPU time of the process per thread instead, which a
+ * preempting neighbour does not inflate (exact with one thread; with more it counts the workers'
+ * spinning between calls). --row-div D keeps 1/D of each matrix's rows: with D = 64 (1.4 MB in
+ * f16) the weights come from the caches, which shows what the loops cost without the memory. Not
+ * run by ctest. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/bench.h"
+#include "common/json_write.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+
+#define N_MATS 7
+#define MAX_TOKENS 64
+
+static const struct pp_bench_shape mats[N_MATS] = {
+    {"wq", 2048, 2048},   {"wk", 256, 2048},   {"wv", 256, 2048},  {"wo", 2048, 2048},
+    {"gate", 5632, 2048}, {"up", 5632, 2048}, {"down", 2048, 5632}};
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double loadavg(void)
+{
+    double l = -1.0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = -1.0;
+        fclose(f);
+    }
+    return l;
+}
+
+/* CPU seconds of the whole process (all threads; the pool's workers spin briefly between ops). */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* A random [rows, cols] weight stored as dt. */
+static void *weight_new(enum pp_dtype dt, int64_t rows, int64_t cols, uint64_t *seed)
+{
+    int64_t rb = pp_dtype_row_bytes(dt, cols);
+    char *w = aligned_alloc(64, (size_t)((rows * rb + 63) / 64 * 64));
+    float *row = malloc(sizeof(float) * (size_t)cols);
+    if (!w || !row) {
+        free(w);
+        free(row);
+        return NULL;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < cols; i++)
+            row[i] = (float)(rng(seed) & 0xffff) / 32768.0f - 1.0f;
+        char *dst = w + r * rb;
+        if (dt == PP_DTYPE_Q8_0) {
+            pp_quantize_q8_0(dst, row, cols);
+            continue;
+        }
+        for (int64_t i = 0; i < cols; i++) {
+            if (dt == PP_DTYPE_F32)
+                memcpy(dst + i * 4, &row[i], 4);
+            else {
+                uint16_t h = dt == PP_DTYPE_F16 ? pp_f32_to_f16(row[i]) : pp_f32_to_bf16(row[i]);
+                memcpy(dst + i * 2, &h, 2);
+            }
+        }
+    }
+    free(row);
+    return w;
+}
+
+struct result {
+    char dtype[8];
+    int tokens;
+    double median_s, best_s, cpu_s, bytes;
+};
+
+static int parse_list(const char *s, int *out, int cap)
+{
+    int n = 0;
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < cap;
+         t = strtok_r(NULL, ",", &save)) {
+        out[n] = atoi(t);
+        if (out[n] < 1 || out[n] > MAX_TOKENS)
+            return -1;
+        n++;
+    }
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 1, reps = 9, tokens[16], n_tokens, row_div = 1;
+    char dtypes[64] = "f16,bf16,q8_0";
+    const char *json = NULL, *tok_list = "1,2,4,8,12";
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v)
+            goto usage;
+        if (strcmp(a, "--threads") == 0)
+            threads = atoi(v);
+        else if (strcmp(a, "--dtypes") == 0)
+            snprintf(dtypes, sizeof(dtypes), "%s", v);
+        else if (strcmp(a, "--tokens") == 0)
+            tok_list = v;
+        else if (strcmp(a, "--reps") == 0)
+            reps = atoi(v);
+        else if (strcmp(a, "--json") == 0)
+            json = v;
+        else if (strcmp(a, "--row-div") == 0)
+            row_div = atoi(v);
+        else
+            goto usage;
+    }
+    n_tokens = parse_list(tok_list, tokens, 16);
+    if (threads < 1 || reps < 1 || n_tokens < 1 || row_div < 1 || row_div > 256)
+        goto usage;
+
+    struct pp_backend *be;
+    if (pp_backend_cpu_new(threads, &be) != PP_OK || be->ops->reserve(be, 8192, 16) != PP_OK)
+        return 1;
+    float *x = malloc(sizeof(float) * MAX_TOKENS * 5632);
+    float *y = malloc(sizeof(float) * MAX_TOKENS * 5632);
+    double *times = malloc(sizeof(double) * (size_t)reps);
+    double *cpus = malloc(sizeof(double) * (size_t)reps);
+    if (!x || !y || !times || !cpus)
+        return 1;
+    uint64_t seed = 5;
+    for (int i = 0; i < MAX_TOKENS * 5632; i++)
+        x[i] = (float)(rng(&seed) & 0xffff) / 32768.0f - 1.0f;
+
+    double load0 = loadavg();
+    printf("pp_bench_matmul: %d threads, one tinyllama layer's matrices (1/%d of the rows), median "
+           "of %d passes (load average %.2f)\n", threads, row_div, reps, load0);
+    printf("%-6s %6s %10s %10s %9s %9s %9s %9s\n", "dtype", "tokens", "MB/pass", "median ms",
+           "GB/s", "best GB/s", "cpu GB/s", "GFLOP/s");
+    struct result res[64];
+    int n_res = 0;
+    char list[64];
+    snprintf(list, sizeof(list), "%s", dtypes);
+    for (char *save = NULL, *d = strtok_r(list, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
+        int dt = pp_dtype_parse(d);
+        if (dt < 0) {
+            fprintf(stderr, "unknown dtype %s\n", d);
+            return 2;
+        }
+        struct pp_weight w[N_MATS];
+        double bytes = 0.0, flops_per_tok = 0.0;
+        for (int m = 0; m < N_MATS; m++) {
+            int64_t rows = mats[m].rows / row_div;
+            void *data = weight_new((enum pp_dtype)dt, rows, mats[m].cols, &seed);
+            if (!data)
+                return 1;
+            w[m] = (struct pp_weight){data, (enum pp_dtype)dt, rows, mats[m].cols};
+            bytes += (double)rows * (double)pp_dtype_row_bytes(dt, mats[m].cols);
+            flops_per_tok += 2.0 * (double)rows * (double)mats[m].cols;
+        }
+        for (int ti = 0; ti < n_tokens && n_res < 64; ti++) {
+            int n = tokens[ti];
+            for (int r = -1; r < reps; r++) {
+                double c0 = cpu_now(), t0 = pp_bench_now();
+                for (int m = 0; m < N_MATS; m++)
+                    be->ops->matmul(be, y, x, &w[m], n);
+                if (r >= 0) {
+                    times[r] = pp_bench_now() - t0;
+                    cpus[r] = cpu_now() - c0;
+                }
+            }
+            qsort(times, (size_t)reps, sizeof(double), cmp_double);
+            qsort(cpus, (size_t)reps, sizeof(double), cmp_double);
+            struct result *o = &res[n_res++];
+            snprintf(o->dtype, sizeof(o->dtype), "%s", d);
+            o->tokens = n;
+            o->median_s = times[reps / 2];
+            o->best_s = times[0];
+            o->cpu_s = cpus[reps / 2] / threads;
+            o->bytes = bytes;
+            printf("%-6s %6d %10.1f %10.3f %9.2f %9.2f %9.2f %9.1f\n", d, n, bytes / 1e6,
+                   o->median_s * 1e3, bytes / o->median_s / 1e9, bytes / o->best_s / 1e9,
+                   bytes / o->cpu_s / 1e9, flops_per_tok * n / o->median_s / 1e9);
+        }
+        for (int m = 0; m < N_MATS; m++)
+            free((void *)w[m].data);
+    }
+    double load1 = loadavg();
+    printf("load average at the end %.2f\n", load1);
+    be->ops->free(be);
+
+    if (json) {
+        struct pp_json j;
+        pp_json_init(&j);
+        pp_json_begin_object(&j);
+        pp_json_key(&j, "threads");
+        pp_json_int(&j, threads);
+        pp_json_key(&j, "row_div");
+        pp_json_int(&j, row_div);
+        pp_json_key(&j, "reps");
+        pp_json_int(&j, reps);
+        pp_json_key(&j, "load_average");
+        pp_json_begin_array(&j);
+        pp_json_double(&j, load0);
+        pp_json_double(&j, load1);
+        pp_json_end_array(&j);
+        pp_json_key(&j, "results");
+        pp_json_begin_array(&j);
+        for (int i = 0; i < n_res; i++) {
+            pp_json_begin_object(&j);
+            pp_json_key(&j, "dtype");
+            pp_json_cstring(&j, res[i].dtype);
+            pp_json_key(&j, "tokens");
+            pp_json_int(&j, res[i].tokens);
+            pp_json_key(&j, "weight_bytes");
+            pp_json_double(&j, res[i].bytes);
+            pp_json_key(&j, "median_s");
+            pp_json_double(&j, res[i].median_s);
+            pp_json_key(&j, "best_s");
+            pp_json_double(&j, res[i].best_s);
+            pp_json_key(&j, "cpu_s_per_thread");
+            pp_json_double(&j, res[i].cpu_s);
+            pp_json_key(&j, "weights_bytes_s");
+            pp_json_double(&j, res[i].bytes / res[i].median_s);
+            pp_json_end_object(&j);
+        }
+        pp_json_end_array(&j);
+        pp_json_end_object(&j);
+        FILE *f = fopen(json, "w");
+        if (!f || fwrite(j.out.data, 1, j.out.len, f) != j.out.len) {
+            fprintf(stderr, "cannot write %s\n", json);
+            return 1;
+        }
+        fputc('\n', f);
+        fclose(f);
+        pp_json_free(&j);
+    }
+    free(x);
+    free(y);
+    free(times);
+    free(cpus);
+    return 0;
+
+usage:
+    fprintf(stderr, "usage: pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] "
+                    "[--tokens 1,2,4,8,12] [--reps R] [--row-div D] [--json PATH]\n");
+    return 2;
+}
