@@ -10,6 +10,13 @@
 /* Seconds on the monotonic clock. */
 double pp_bench_now(void);
 
+/* The 1-minute load average (how busy the shared machine was), -1 when unknown. */
+double pp_bench_loadavg(void);
+/* qsort comparator of doubles, increasing. */
+int pp_bench_cmp_double(const void *a, const void *b);
+/* The first index of the largest of v[n]. */
+int pp_bench_argmax(const float *v, int n);
+
 /* Best of several passes of n_threads threads each summing its share of a 1 GiB buffer with AVX2
  * loads, in one stream or four per thread (or plain C without AVX2): bytes read per second. */
 double pp_bench_read_bandwidth(int n_threads);

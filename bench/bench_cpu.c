@@ -59,8 +59,6 @@ static int usage(void)
     return 2;
 }
 
-static int argmax(const float *v, int n);
-static int cmp_double(const void *a, const void *b);
 
 static int64_t weight_bytes(const struct pp_weight *w)
 {
@@ -129,14 +127,14 @@ static pp_status run_batch(const struct opts *o, struct pp_executor *ex, const s
         for (int i = 0; i < nb; i++) {
             seqs[i].pos += seqs[i].n_tokens;
             seqs[i].n_tokens = 1;
-            toks[i] = argmax(logits + (size_t)i * (size_t)c->vocab_size, c->vocab_size);
+            toks[i] = pp_bench_argmax(logits + (size_t)i * (size_t)c->vocab_size, c->vocab_size);
         }
         double t0 = pp_bench_now();
         if ((st = pp_executor_forward(ex, &b, NULL, logits)) != PP_OK)
             goto out;
         steps[s] = pp_bench_now() - t0;
     }
-    qsort(steps, (size_t)o->decode, sizeof(double), cmp_double);
+    qsort(steps, (size_t)o->decode, sizeof(double), pp_bench_cmp_double);
     r->batch_step_s = steps[o->decode / 2];
     r->batch_weight_bytes = step_weight_bytes(m);
 out:
@@ -165,34 +163,6 @@ static double prefill_flops(const struct pp_model *m, int n)
     for (int p = 0; p < n; p++)
         attn += 4.0 * c->n_heads * c->head_dim * (p + 1.0);
     return c->n_layers * (per_tok * n + attn) + 2.0 * c->vocab_size * c->dim;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The 1-minute load average: how busy the shared machine was. */
-static double loadavg(void)
-{
-    double l = -1.0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1)
-            l = -1.0;
-        fclose(f);
-    }
-    return l;
-}
-
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
 }
 
 static pp_status ensure_model(const char *dir, const char *dtype, char *path, size_t cap)
@@ -262,7 +232,7 @@ static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype
     }
     /* decode greedily from the prompt; the median step resists the odd preempted step on a shared
      * machine, the mean is reported beside it */
-    int32_t tok = argmax(logits, c->vocab_size);
+    int32_t tok = pp_bench_argmax(logits, c->vocab_size);
     double total = 0.0;
     for (int i = 0; i < o->decode; i++) {
         struct pp_exec_seq seq = {1, o->prompt + i, 1, 1};
@@ -272,9 +242,9 @@ static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype
             goto out;
         steps[i] = pp_bench_now() - t0;
         total += steps[i];
-        tok = argmax(logits, c->vocab_size);
+        tok = pp_bench_argmax(logits, c->vocab_size);
     }
-    qsort(steps, (size_t)o->decode, sizeof(double), cmp_double);
+    qsort(steps, (size_t)o->decode, sizeof(double), pp_bench_cmp_double);
     r->dtype = dtype;
     r->prefill_tok_s = o->prompt / best_prefill;
     r->decode_tok_s = 1.0 / steps[o->decode / 2];
@@ -342,7 +312,7 @@ int main(int argc, char **argv)
            o.decode);
     /* the machine's limits, measured now and again after the models; the best of the two is the
      * bound (a busy neighbour can only lower a measurement) */
-    double load0 = loadavg();
+    double load0 = pp_bench_loadavg();
     double bw = pp_bench_read_bandwidth(o.threads);
     double peak = pp_bench_fma_peak(o.threads);
     printf("machine: read bandwidth %.2f GB/s, FP32 FMA peak %.1f GFLOP/s (load average %.2f)\n",
@@ -368,7 +338,7 @@ int main(int argc, char **argv)
     }
 
     double bw2 = pp_bench_read_bandwidth(o.threads), peak2 = pp_bench_fma_peak(o.threads);
-    double load1 = loadavg();
+    double load1 = pp_bench_loadavg();
     printf("machine again: read bandwidth %.2f GB/s, FP32 FMA peak %.1f GFLOP/s (load average "
            "%.2f)\n", bw2 / 1e9, peak2 / 1e9, load1);
     double bw_best = bw2 > bw ? bw2 : bw, peak_best = peak2 > peak ? peak2 : peak;

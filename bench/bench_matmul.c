@@ -31,24 +31,6 @@ static const struct pp_bench_shape mats[N_MATS] = {
     {"wq", 2048, 2048},   {"wk", 256, 2048},   {"wv", 256, 2048},  {"wo", 2048, 2048},
     {"gate", 5632, 2048}, {"up", 5632, 2048}, {"down", 2048, 5632}};
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double loadavg(void)
-{
-    double l = -1.0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1)
-            l = -1.0;
-        fclose(f);
-    }
-    return l;
-}
-
 /* CPU seconds of the whole process (all threads; the pool's workers spin briefly between ops). */
 static double cpu_now(void)
 {
@@ -157,7 +139,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < MAX_TOKENS * 5632; i++)
         x[i] = (float)(rng(&seed) & 0xffff) / 32768.0f - 1.0f;
 
-    double load0 = loadavg();
+    double load0 = pp_bench_loadavg();
     printf("pp_bench_matmul: %d threads, one tinyllama layer's matrices (1/%d of the rows), median "
            "of %d passes (load average %.2f)\n", threads, row_div, reps, load0);
     printf("%-6s %6s %10s %10s %9s %9s %9s %9s\n", "dtype", "tokens", "MB/pass", "median ms",
@@ -194,8 +176,8 @@ int main(int argc, char **argv)
                     cpus[r] = cpu_now() - c0;
                 }
             }
-            qsort(times, (size_t)reps, sizeof(double), cmp_double);
-            qsort(cpus, (size_t)reps, sizeof(double), cmp_double);
+            qsort(times, (size_t)reps, sizeof(double), pp_bench_cmp_double);
+            qsort(cpus, (size_t)reps, sizeof(double), pp_bench_cmp_double);
             struct result *o = &res[n_res++];
             snprintf(o->dtype, sizeof(o->dtype), "%s", d);
             o->tokens = n;
@@ -210,7 +192,7 @@ int main(int argc, char **argv)
         for (int m = 0; m < N_MATS; m++)
             free((void *)w[m].data);
     }
-    double load1 = loadavg();
+    double load1 = pp_bench_loadavg();
     printf("load average at the end %.2f\n", load1);
     be->ops->free(be);
 

@@ -58,33 +58,6 @@ struct opts {
     const char *json;
 };
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double loadavg(void)
-{
-    double l = -1.0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1)
-            l = -1.0;
-        fclose(f);
-    }
-    return l;
-}
-
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 /* path = dir/model.gguf, written from spec when missing. */
 static pp_status ensure_model(const char *dir, const struct pp_synth_spec *spec, char *path,
                               size_t cap)
@@ -213,7 +186,7 @@ static pp_status run_round(const struct opts *o, const struct pp_model *m, struc
             l->prefill_tok_s = o->prompt / t;
     }
     int64_t reduced0 = pp_executor_bytes_reduced(ex);
-    int32_t tok = argmax(logits, c->vocab_size);
+    int32_t tok = pp_bench_argmax(logits, c->vocab_size);
     for (int i = 0; i < o->decode; i++) {
         struct pp_exec_seq seq = {1, o->prompt + i, 1, 1};
         struct pp_exec_batch b = {1, &seq, &tok, NULL};
@@ -221,10 +194,10 @@ static pp_status run_round(const struct opts *o, const struct pp_model *m, struc
         if ((st = pp_executor_forward(ex, &b, NULL, logits)) != PP_OK)
             goto out;
         steps[i] = pp_bench_now() - t0;
-        tok = argmax(logits, c->vocab_size);
+        tok = pp_bench_argmax(logits, c->vocab_size);
     }
     l->reduced_bytes_per_token = (double)(pp_executor_bytes_reduced(ex) - reduced0) / o->decode;
-    qsort(steps, (size_t)o->decode, sizeof(double), cmp_double);
+    qsort(steps, (size_t)o->decode, sizeof(double), pp_bench_cmp_double);
     if (1.0 / steps[o->decode / 2] > l->decode_tok_s)
         l->decode_tok_s = 1.0 / steps[o->decode / 2];
     if (ld && c->n_experts > 0)
@@ -477,7 +450,7 @@ int main(int argc, char **argv)
         {"ep2_2threads", 2, 2, 2, 0, 0, 0},
     };
     struct moe_load ld = {0};
-    double load0 = loadavg();
+    double load0 = pp_bench_loadavg();
     printf("pp_bench_tp: prompt %d, decode %d, %d rounds, load %.2f\n", o.prompt, o.decode,
            o.rounds, load0);
     if ((st = run_model(&o, dense, ls, MAX_LAYOUTS, NULL)) != PP_OK ||
@@ -485,7 +458,7 @@ int main(int argc, char **argv)
         load_free(&ld);
         return fail(st);
     }
-    double load1 = loadavg();
+    double load1 = pp_bench_loadavg();
     print_layouts(dense, ls, MAX_LAYOUTS);
     printf("TP 2 (2 cores) / TP 1 (1 core): prefill %.3fx (goal >= 1.6), decode %.3fx\n",
            ls[2].prefill_tok_s / ls[0].prefill_tok_s, ls[2].decode_tok_s / ls[0].decode_tok_s);
