@@ -36,30 +36,6 @@ static int teardown(void **state)
     return 0;
 }
 
-struct engine {
-    struct pp_model *m;
-    struct pp_backend *be;
-    struct pp_executor *ex;
-};
-
-static void engine_open(struct engine *e, const char *path, int32_t first, int32_t last,
-                        int threads, int32_t window)
-{
-    assert_int_equal(pp_model_open(path, first, last, &e->m), PP_OK);
-    assert_int_equal(pp_backend_cpu_new(threads, &e->be), PP_OK);
-    struct pp_executor_opts o = {0};
-    o.max_batch_tokens = window;
-    o.max_seqs = 8;
-    assert_int_equal(pp_executor_new(e->m, e->be, &o, &e->ex), PP_OK);
-}
-
-static void engine_close(struct engine *e)
-{
-    pp_executor_free(e->ex);
-    e->be->ops->free(e->be);
-    pp_model_free(e->m);
-}
-
 #define VOCAB 300
 #define DIM 64
 
@@ -68,7 +44,7 @@ static const int32_t prompt_b[] = {1, 250, 251, 252};
 static const int32_t prompt_c[] = {1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
 
 /* Sequence A alone: prefill then 3 decode steps (greedy), logits of all 4 steps into out. */
-static void run_alone(struct engine *e, float *out, int chunked)
+static void run_alone(struct pp_test_engine *e, float *out, int chunked)
 {
     int32_t a[16];
     memcpy(a, prompt_a, sizeof(prompt_a));
@@ -96,7 +72,7 @@ static void run_alone(struct engine *e, float *out, int chunked)
 }
 
 /* Sequence A inside batches with B and C at other positions and lengths. */
-static void run_in_batch(struct engine *e, float *out_a)
+static void run_in_batch(struct pp_test_engine *e, float *out_a)
 {
     int32_t a[16];
     memcpy(a, prompt_a, sizeof(prompt_a));
@@ -134,20 +110,20 @@ static void test_threads_and_batches_bit_identical(void **state)
 {
     (void)state;
     float ref[4 * VOCAB], got[4 * VOCAB];
-    struct engine e;
-    engine_open(&e, gguf_path, 0, -1, 1, 256);
+    struct pp_test_engine e;
+    pp_test_engine_open(&e, gguf_path, 0, -1, 1, 0, 1, 256);
     run_alone(&e, ref, 0);
-    engine_close(&e);
+    pp_test_engine_close(&e);
     for (int threads = 1; threads <= 4; threads++) {
         for (int32_t window = 1; window <= 256; window *= 4) {
-            engine_open(&e, gguf_path, 0, -1, threads, window);
+            pp_test_engine_open(&e, gguf_path, 0, -1, 1, 0, threads, window);
             run_alone(&e, got, 0);
             assert_memory_equal(ref, got, sizeof(ref));
             run_alone(&e, got, 1);
             assert_memory_equal(ref, got, sizeof(ref));
             run_in_batch(&e, got);
             assert_memory_equal(ref, got, sizeof(ref));
-            engine_close(&e);
+            pp_test_engine_close(&e);
         }
     }
 }
@@ -156,26 +132,26 @@ static void test_threads_and_batches_bit_identical(void **state)
 static void check_layer_split(const char *path)
 {
     float ref[VOCAB], got[VOCAB];
-    struct engine full;
-    engine_open(&full, path, 0, -1, 2, 256);
+    struct pp_test_engine full;
+    pp_test_engine_open(&full, path, 0, -1, 1, 0, 2, 256);
     struct pp_exec_seq p = {9, 0, 7, 1};
     struct pp_exec_batch b = {1, &p, prompt_a, NULL};
     assert_int_equal(pp_executor_forward(full.ex, &b, NULL, ref), PP_OK);
-    engine_close(&full);
+    pp_test_engine_close(&full);
     for (int32_t k = 1; k < 3; k++) {
-        struct engine s0, s1, s2;
+        struct pp_test_engine s0, s1, s2;
         float hidden[7 * DIM], hidden2[7 * DIM];
-        engine_open(&s0, path, 0, k, 1, 256);
-        engine_open(&s1, path, k, -1, 3, 256);
+        pp_test_engine_open(&s0, path, 0, k, 1, 0, 1, 256);
+        pp_test_engine_open(&s1, path, k, -1, 1, 0, 3, 256);
         assert_int_equal(pp_executor_forward(s0.ex, &b, hidden, NULL), PP_OK);
         struct pp_exec_batch bh = {1, &p, NULL, hidden};
         assert_int_equal(pp_executor_forward(s1.ex, &bh, NULL, got), PP_OK);
         assert_memory_equal(ref, got, sizeof(ref));
-        engine_close(&s1);
+        pp_test_engine_close(&s1);
         /* three stages: [0,k) [k,3) is already covered; add a middle range [k, k+1) when possible */
         if (k + 1 < 3) {
-            engine_open(&s1, path, k, k + 1, 2, 256);
-            engine_open(&s2, path, k + 1, -1, 1, 256);
+            pp_test_engine_open(&s1, path, k, k + 1, 1, 0, 2, 256);
+            pp_test_engine_open(&s2, path, k + 1, -1, 1, 0, 1, 256);
             struct pp_exec_seq p2 = {10, 0, 7, 1};
             struct pp_exec_batch b2 = {1, &p2, prompt_a, NULL};
             assert_int_equal(pp_executor_forward(s0.ex, &b2, hidden, NULL), PP_OK);
@@ -184,10 +160,10 @@ static void check_layer_split(const char *path)
             struct pp_exec_batch bh2 = {1, &p2, NULL, hidden2};
             assert_int_equal(pp_executor_forward(s2.ex, &bh2, NULL, got), PP_OK);
             assert_memory_equal(ref, got, sizeof(ref));
-            engine_close(&s1);
-            engine_close(&s2);
+            pp_test_engine_close(&s1);
+            pp_test_engine_close(&s2);
         }
-        engine_close(&s0);
+        pp_test_engine_close(&s0);
     }
 }
 
@@ -203,9 +179,9 @@ static void test_formats_agree(void **state)
 {
     (void)state;
     float a[VOCAB], b[VOCAB];
-    struct engine g, h;
-    engine_open(&g, gguf_path, 0, -1, 2, 256);
-    engine_open(&h, hf_path, 0, -1, 2, 256);
+    struct pp_test_engine g, h;
+    pp_test_engine_open(&g, gguf_path, 0, -1, 1, 0, 2, 256);
+    pp_test_engine_open(&h, hf_path, 0, -1, 1, 0, 2, 256);
     struct pp_exec_seq p = {1, 0, 7, 1};
     struct pp_exec_batch bt = {1, &p, prompt_a, NULL};
     assert_int_equal(pp_executor_forward(g.ex, &bt, NULL, a), PP_OK);
@@ -217,15 +193,15 @@ static void test_formats_agree(void **state)
         maxr = (b[i] > 0 ? b[i] : -b[i]) > maxr ? (b[i] > 0 ? b[i] : -b[i]) : maxr;
     }
     assert_true(maxd / maxr < 1e-5);
-    engine_close(&g);
-    engine_close(&h);
+    pp_test_engine_close(&g);
+    pp_test_engine_close(&h);
 }
 
 static void test_bad_batches_change_nothing(void **state)
 {
     (void)state;
-    struct engine e;
-    engine_open(&e, gguf_path, 0, -1, 1, 256);
+    struct pp_test_engine e;
+    pp_test_engine_open(&e, gguf_path, 0, -1, 1, 0, 1, 256);
     float logits[2 * VOCAB];
     struct pp_exec_seq p = {5, 0, 3, 1};
     struct pp_exec_batch b = {1, &p, prompt_a, NULL};
@@ -267,20 +243,21 @@ static void test_bad_batches_change_nothing(void **state)
     assert_int_equal(pp_executor_forward(e.ex, &bo, NULL, logits), PP_OK);
     assert_int_equal(pp_executor_release(e.ex, 5), 1);
     assert_int_equal(pp_executor_release(e.ex, 5), 0);
-    engine_close(&e);
+    pp_test_engine_close(&e);
 }
 
 /* A KV budget too small for a batch is refused up front, and freeing makes room again. */
 static void test_kv_exhaustion_and_reuse(void **state)
 {
     (void)state;
-    struct engine e;
+    struct pp_test_engine e = {0};
+    e.tp = 1;
     assert_int_equal(pp_model_open(gguf_path, 0, -1, &e.m), PP_OK);
-    assert_int_equal(pp_backend_cpu_new(1, &e.be), PP_OK);
+    assert_int_equal(pp_backend_cpu_new(1, &e.bes[0]), PP_OK);
     struct pp_executor_opts o = {0};
     o.kv_block_size = 4;
     o.kv_budget_bytes = 3 * pp_kv_block_bytes(3, 2 * 16, 4); /* three blocks: 12 tokens */
-    assert_int_equal(pp_executor_new(e.m, e.be, &o, &e.ex), PP_OK);
+    assert_int_equal(pp_executor_new(e.m, e.bes[0], &o, &e.ex), PP_OK);
     float logits[VOCAB];
     int32_t toks[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
     struct pp_exec_seq p = {1, 0, 13, 1};
@@ -294,7 +271,7 @@ static void test_kv_exhaustion_and_reuse(void **state)
     assert_int_equal(pp_executor_forward(e.ex, &b, NULL, logits), PP_ERR_EXHAUSTED);
     pp_executor_release(e.ex, 1);
     assert_int_equal(pp_executor_forward(e.ex, &b, NULL, logits), PP_OK);
-    engine_close(&e);
+    pp_test_engine_close(&e);
 }
 
 int main(void)

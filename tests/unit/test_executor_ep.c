@@ -21,37 +21,9 @@
 static char *dir;
 static char mixtral[600], qwen[600], qwen_q8[600];
 
-struct engine {
-    struct pp_model *m;
-    struct pp_backend *bes[8];
-    int32_t tp;
-    struct pp_executor *ex;
-};
-
-static void engine_open(struct engine *e, const char *path, int32_t tp, int32_t ep)
-{
-    memset(e, 0, sizeof(*e));
-    e->tp = tp;
-    if (pp_model_open(path, 0, -1, &e->m) != PP_OK)
-        fail_msg("%s: %s", path, pp_error_detail());
-    assert_int_equal(pp_backend_cpu_new_workers(2, tp, e->bes), PP_OK);
-    struct pp_executor_opts o = {0};
-    o.max_seqs = 4;
-    o.ep = ep;
-    if (pp_executor_new_workers(e->m, e->bes, tp, &o, &e->ex) != PP_OK)
-        fail_msg("%s tp %d ep %d: %s", path, tp, ep, pp_error_detail());
-}
-
-static void engine_close(struct engine *e)
-{
-    pp_executor_free(e->ex);
-    pp_backend_free_all(e->bes, e->tp);
-    pp_model_free(e->m);
-}
-
 static const int32_t prompt[] = {1, 17, 200, 45, 99, 3, 150};
 
-static void greedy(struct engine *e, float *out, int32_t *ids, int batched)
+static void greedy(struct pp_test_engine *e, float *out, int32_t *ids, int batched)
 {
     float logits[2 * VOCAB];
     int32_t toks[16];
@@ -77,7 +49,7 @@ static void greedy(struct engine *e, float *out, int32_t *ids, int batched)
 }
 
 /* Expert counts of every layer: k per token, copied out. */
-static void counts(struct engine *e, int64_t *out, int64_t tokens)
+static void counts(struct pp_test_engine *e, int64_t *out, int64_t tokens)
 {
     for (int32_t l = 0; l < LAYERS; l++) {
         const int64_t *c = pp_executor_expert_tokens(e->ex, l);
@@ -102,14 +74,14 @@ static void check_layouts(const char *path, double tol, const int32_t (*layouts)
     float ref[STEPS * VOCAB], got[STEPS * VOCAB];
     int32_t ref_ids[STEPS], ids[STEPS];
     int64_t ref_counts[LAYERS * EXPERTS], got_counts[LAYERS * EXPERTS];
-    struct engine e;
-    engine_open(&e, path, 1, 1);
+    struct pp_test_engine e;
+    pp_test_engine_open(&e, path, 0, -1, 1, 1, 2, 256);
     greedy(&e, ref, ref_ids, 0);
     counts(&e, ref_counts, 7 + STEPS - 1);
-    engine_close(&e);
+    pp_test_engine_close(&e);
     for (size_t i = 0; i < n_layouts; i++) {
         int32_t tp = layouts[i][0], ep = layouts[i][1];
-        engine_open(&e, path, tp, ep);
+        pp_test_engine_open(&e, path, 0, -1, tp, ep, 2, 256);
         greedy(&e, got, ids, 0);
         double err = pp_test_rel_err(got, ref, STEPS, VOCAB);
         if (err > tol)
@@ -130,7 +102,7 @@ static void check_layouts(const char *path, double tol, const int32_t (*layouts)
         memcpy(alone, got, sizeof(alone));
         greedy(&e, got, ids, 1);
         assert_memory_equal(alone, got, sizeof(alone));
-        engine_close(&e);
+        pp_test_engine_close(&e);
     }
 }
 

@@ -17,39 +17,11 @@
 
 static char *dir;
 
-struct engine {
-    struct pp_model *m;
-    struct pp_backend *bes[8];
-    int32_t tp;
-    struct pp_executor *ex;
-};
-
-static void engine_open(struct engine *e, const char *path, int32_t first, int32_t last,
-                        int32_t tp, int threads, int32_t window)
-{
-    memset(e, 0, sizeof(*e));
-    e->tp = tp;
-    assert_int_equal(pp_model_open(path, first, last, &e->m), PP_OK);
-    assert_int_equal(pp_backend_cpu_new_workers(threads, tp, e->bes), PP_OK);
-    struct pp_executor_opts o = {0};
-    o.max_batch_tokens = window;
-    o.max_seqs = 8;
-    assert_int_equal(pp_executor_new_workers(e->m, e->bes, tp, &o, &e->ex), PP_OK);
-    assert_int_equal(pp_executor_workers(e->ex), tp);
-}
-
-static void engine_close(struct engine *e)
-{
-    pp_executor_free(e->ex);
-    pp_backend_free_all(e->bes, e->tp);
-    pp_model_free(e->m);
-}
-
 static const int32_t prompt[] = {1, 17, 200, 45, 99, 3, 150};
 static const int32_t other[] = {1, 250, 251, 252, 9, 9};
 
 /* Prefill then greedy decode; logits of every step into out[STEPS * VOCAB], tokens into ids. */
-static void greedy(struct engine *e, uint64_t id, float *out, int32_t *ids)
+static void greedy(struct pp_test_engine *e, uint64_t id, float *out, int32_t *ids)
 {
     struct pp_exec_seq p = {id, 0, 7, 1};
     struct pp_exec_batch b = {1, &p, prompt, NULL};
@@ -65,7 +37,7 @@ static void greedy(struct engine *e, uint64_t id, float *out, int32_t *ids)
 }
 
 /* The same sequence decoded while another one shares every batch. */
-static void greedy_in_batch(struct engine *e, float *out)
+static void greedy_in_batch(struct pp_test_engine *e, float *out)
 {
     float logits[2 * VOCAB];
     int32_t toks[16], ids[STEPS];
@@ -108,14 +80,14 @@ static void check_tp(const char *path, double tol)
 {
     float ref[STEPS * VOCAB], got[STEPS * VOCAB];
     int32_t ref_ids[STEPS], ids[STEPS];
-    struct engine e;
-    engine_open(&e, path, 0, -1, 1, 1, 256);
+    struct pp_test_engine e;
+    pp_test_engine_open(&e, path, 0, -1, 1, 0, 1, 256);
     greedy(&e, 1, ref, ref_ids);
-    engine_close(&e);
+    pp_test_engine_close(&e);
     for (int32_t tp = 2; tp <= 4; tp *= 2) {
-        engine_open(&e, path, 0, -1, tp, 2, 256);
+        pp_test_engine_open(&e, path, 0, -1, tp, 0, 2, 256);
         greedy(&e, 1, got, ids);
-        engine_close(&e);
+        pp_test_engine_close(&e);
         double err = pp_test_rel_err(got, ref, STEPS, VOCAB);
         if (tol > 0 && err > tol)
             fail_msg("%s tp %d: rel err %g > %g", path, tp, err, tol);
@@ -156,20 +128,20 @@ static void test_tp_bit_identical_across_batches_threads_windows(void **state)
     write_model("det", PP_DTYPE_F16, "llama", 2, 4, 64, 96, path, sizeof(path));
     float ref[STEPS * VOCAB], got[STEPS * VOCAB];
     int32_t ids[STEPS];
-    struct engine e;
-    engine_open(&e, path, 0, -1, 2, 2, 256);
+    struct pp_test_engine e;
+    pp_test_engine_open(&e, path, 0, -1, 2, 0, 2, 256);
     greedy(&e, 1, ref, ids);
     greedy_in_batch(&e, got);
     assert_memory_equal(ref, got, sizeof(ref));
-    engine_close(&e);
+    pp_test_engine_close(&e);
     for (int threads = 2; threads <= 4; threads++)
         for (int32_t window = 2; window <= 256; window *= 8) {
-            engine_open(&e, path, 0, -1, 2, threads, window);
+            pp_test_engine_open(&e, path, 0, -1, 2, 0, threads, window);
             greedy(&e, 1, got, ids);
             assert_memory_equal(ref, got, sizeof(ref));
             greedy_in_batch(&e, got);
             assert_memory_equal(ref, got, sizeof(ref));
-            engine_close(&e);
+            pp_test_engine_close(&e);
         }
 }
 
@@ -180,20 +152,20 @@ static void test_tp_layer_split(void **state)
     char path[600];
     write_model("split", PP_DTYPE_F32, "llama", 2, 4, 64, 96, path, sizeof(path));
     float ref[VOCAB], got[VOCAB], hidden[7 * 64];
-    struct engine full, a, b;
-    engine_open(&full, path, 0, -1, 2, 2, 256);
+    struct pp_test_engine full, a, b;
+    pp_test_engine_open(&full, path, 0, -1, 2, 0, 2, 256);
     struct pp_exec_seq p = {1, 0, 7, 1};
     struct pp_exec_batch batch = {1, &p, prompt, NULL};
     assert_int_equal(pp_executor_forward(full.ex, &batch, NULL, ref), PP_OK);
-    engine_close(&full);
-    engine_open(&a, path, 0, 2, 2, 2, 256);
-    engine_open(&b, path, 2, -1, 2, 2, 256);
+    pp_test_engine_close(&full);
+    pp_test_engine_open(&a, path, 0, 2, 2, 0, 2, 256);
+    pp_test_engine_open(&b, path, 2, -1, 2, 0, 2, 256);
     assert_int_equal(pp_executor_forward(a.ex, &batch, hidden, NULL), PP_OK);
     struct pp_exec_batch hb = {1, &p, NULL, hidden};
     assert_int_equal(pp_executor_forward(b.ex, &hb, NULL, got), PP_OK);
     assert_memory_equal(ref, got, sizeof(ref));
-    engine_close(&a);
-    engine_close(&b);
+    pp_test_engine_close(&a);
+    pp_test_engine_close(&b);
 }
 
 /* Each worker all-reduces [tokens, dim] twice per layer. */
@@ -204,12 +176,12 @@ static void test_bytes_reduced(void **state)
     write_model("bytes", PP_DTYPE_F32, "llama", 2, 4, 64, 96, path, sizeof(path));
     float out[STEPS * VOCAB];
     int32_t ids[STEPS];
-    struct engine e;
-    engine_open(&e, path, 0, -1, 2, 2, 256);
+    struct pp_test_engine e;
+    pp_test_engine_open(&e, path, 0, -1, 2, 0, 2, 256);
     greedy(&e, 1, out, ids);
     int64_t tokens = 7 + (STEPS - 1);
     assert_int_equal(pp_executor_bytes_reduced(e.ex), tokens * 3 * 2 * 64 * 4);
-    engine_close(&e);
+    pp_test_engine_close(&e);
 }
 
 static void test_bad_degrees_refused(void **state)

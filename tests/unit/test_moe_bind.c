@@ -54,30 +54,6 @@ static int teardown(void **state)
     return 0;
 }
 
-struct engine {
-    struct pp_model *m;
-    struct pp_backend *be;
-    struct pp_executor *ex;
-};
-
-static void engine_open(struct engine *e, const char *path, int32_t first, int32_t last,
-                        int threads, int32_t window)
-{
-    assert_int_equal(pp_model_open(path, first, last, &e->m), PP_OK);
-    assert_int_equal(pp_backend_cpu_new(threads, &e->be), PP_OK);
-    struct pp_executor_opts o = {0};
-    o.max_batch_tokens = window;
-    o.max_seqs = 8;
-    assert_int_equal(pp_executor_new(e->m, e->be, &o, &e->ex), PP_OK);
-}
-
-static void engine_close(struct engine *e)
-{
-    pp_executor_free(e->ex);
-    e->be->ops->free(e->be);
-    pp_model_free(e->m);
-}
-
 static const int32_t prompt_a[] = {1, 17, 200, 45, 99, 3, 150};
 
 /* Weight bytes count the router, every expert and the shared expert. */
@@ -252,9 +228,9 @@ static void test_misaligned_experts_realigned(void **state)
     snprintf(path, sizeof(path), "%s/misaligned", dir);
     write_misaligned(path);
     float a[VOCAB], b[VOCAB];
-    struct engine e, f;
-    engine_open(&e, qwen_hf, 0, -1, 2, 256);
-    engine_open(&f, path, 0, -1, 2, 256);
+    struct pp_test_engine e, f;
+    pp_test_engine_open(&e, qwen_hf, 0, -1, 1, 0, 2, 256);
+    pp_test_engine_open(&f, path, 0, -1, 1, 0, 2, 256);
     assert_int_equal(e.m->n_owned, 0);
     /* per layer: 4 attention + router + 8 experts × 3 + 3 shared; embedding, head */
     assert_int_equal(f.m->n_owned, 3 * (4 + 1 + 24 + 3) + 2);
@@ -263,8 +239,8 @@ static void test_misaligned_experts_realigned(void **state)
     assert_int_equal(pp_executor_forward(e.ex, &bt, NULL, a), PP_OK);
     assert_int_equal(pp_executor_forward(f.ex, &bt, NULL, b), PP_OK);
     assert_memory_equal(a, b, sizeof(a));
-    engine_close(&e);
-    engine_close(&f);
+    pp_test_engine_close(&e);
+    pp_test_engine_close(&f);
 }
 
 /* The mixtral GGUF rewritten as older converters split it: blk.N.ffn_gate.E.weight per expert
@@ -330,17 +306,17 @@ static void test_split_gguf_experts(void **state)
     snprintf(path, sizeof(path), "%s/split.gguf", dir);
     write_split_gguf(path);
     float a[VOCAB], b[VOCAB];
-    struct engine e, f;
-    engine_open(&e, mix_gguf, 0, -1, 2, 256);
-    engine_open(&f, path, 0, -1, 2, 256);
+    struct pp_test_engine e, f;
+    pp_test_engine_open(&e, mix_gguf, 0, -1, 1, 0, 2, 256);
+    pp_test_engine_open(&f, path, 0, -1, 1, 0, 2, 256);
     assert_ptr_not_equal(f.m->layers[2].moe->down[5].data, NULL);
     struct pp_exec_seq p = {1, 0, 7, 1};
     struct pp_exec_batch bt = {1, &p, prompt_a, NULL};
     assert_int_equal(pp_executor_forward(e.ex, &bt, NULL, a), PP_OK);
     assert_int_equal(pp_executor_forward(f.ex, &bt, NULL, b), PP_OK);
     assert_memory_equal(a, b, sizeof(a));
-    engine_close(&e);
-    engine_close(&f);
+    pp_test_engine_close(&e);
+    pp_test_engine_close(&f);
 }
 
 int main(void)

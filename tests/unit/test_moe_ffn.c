@@ -65,36 +65,12 @@ static int teardown(void **state)
     return 0;
 }
 
-struct engine {
-    struct pp_model *m;
-    struct pp_backend *be;
-    struct pp_executor *ex;
-};
-
-static void engine_open(struct engine *e, const char *path, int32_t first, int32_t last,
-                        int threads, int32_t window)
-{
-    assert_int_equal(pp_model_open(path, first, last, &e->m), PP_OK);
-    assert_int_equal(pp_backend_cpu_new(threads, &e->be), PP_OK);
-    struct pp_executor_opts o = {0};
-    o.max_batch_tokens = window;
-    o.max_seqs = 8;
-    assert_int_equal(pp_executor_new(e->m, e->be, &o, &e->ex), PP_OK);
-}
-
-static void engine_close(struct engine *e)
-{
-    pp_executor_free(e->ex);
-    e->be->ops->free(e->be);
-    pp_model_free(e->m);
-}
-
 static const int32_t prompt_a[] = {1, 17, 200, 45, 99, 3, 150};
 static const int32_t prompt_b[] = {1, 250, 251, 252};
 static const int32_t prompt_c[] = {1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
 
 /* Sequence A alone: prefill then 3 decode steps of a fixed continuation; 4 logit rows. */
-static void run_alone(struct engine *e, float *out)
+static void run_alone(struct pp_test_engine *e, float *out)
 {
     int32_t a[16];
     memcpy(a, prompt_a, sizeof(prompt_a));
@@ -112,7 +88,7 @@ static void run_alone(struct engine *e, float *out)
 }
 
 /* Sequence A's same steps inside batches with B and C, which route their tokens elsewhere. */
-static void run_in_batch(struct engine *e, float *out_a)
+static void run_in_batch(struct pp_test_engine *e, float *out_a)
 {
     int32_t a[16], toks[16];
     memcpy(a, prompt_a, sizeof(prompt_a));
@@ -144,18 +120,18 @@ static void run_in_batch(struct engine *e, float *out_a)
 static void check_invariance(const char *path)
 {
     float ref[4 * VOCAB], got[4 * VOCAB];
-    struct engine e;
-    engine_open(&e, path, 0, -1, 1, 256);
+    struct pp_test_engine e;
+    pp_test_engine_open(&e, path, 0, -1, 1, 0, 1, 256);
     run_alone(&e, ref);
-    engine_close(&e);
+    pp_test_engine_close(&e);
     for (int threads = 1; threads <= 4; threads++) {
         for (int32_t window = 1; window <= 256; window *= 16) {
-            engine_open(&e, path, 0, -1, threads, window);
+            pp_test_engine_open(&e, path, 0, -1, 1, 0, threads, window);
             run_alone(&e, got);
             assert_memory_equal(ref, got, sizeof(ref));
             run_in_batch(&e, got);
             assert_memory_equal(ref, got, sizeof(ref));
-            engine_close(&e);
+            pp_test_engine_close(&e);
         }
     }
 }
@@ -173,9 +149,9 @@ static void test_batch_and_threads_bit_identical(void **state)
 static void test_expert_token_counts(void **state)
 {
     (void)state;
-    struct engine e, tail;
-    engine_open(&e, mix_gguf, 0, -1, 2, 4);
-    engine_open(&tail, mix_gguf, 1, -1, 1, 256);
+    struct pp_test_engine e, tail;
+    pp_test_engine_open(&e, mix_gguf, 0, -1, 1, 0, 2, 4);
+    pp_test_engine_open(&tail, mix_gguf, 1, -1, 1, 0, 1, 256);
     float logits[VOCAB], hidden[7 * DIM];
     struct pp_exec_seq p = {1, 0, 7, 1};
     struct pp_exec_batch b = {1, &p, prompt_a, NULL};
@@ -195,30 +171,30 @@ static void test_expert_token_counts(void **state)
     assert_null(pp_executor_expert_tokens(e.ex, 3));
     assert_null(pp_executor_expert_tokens(e.ex, -1));
     /* the range [1, 3) fed layer 0's output counts what the full range counted for layers 1, 2 */
-    struct engine head;
-    engine_open(&head, mix_gguf, 0, 1, 1, 256);
+    struct pp_test_engine head;
+    pp_test_engine_open(&head, mix_gguf, 0, 1, 1, 0, 1, 256);
     struct pp_exec_seq ph = {2, 0, 7, 1};
     struct pp_exec_batch bh = {1, &ph, prompt_a, NULL};
     assert_int_equal(pp_executor_forward(head.ex, &bh, hidden, NULL), PP_OK);
     struct pp_exec_batch bt = {1, &ph, NULL, hidden};
     float split[VOCAB];
     assert_int_equal(pp_executor_forward(tail.ex, &bt, NULL, split), PP_OK);
-    struct engine once;
-    engine_open(&once, mix_gguf, 0, -1, 3, 256);
+    struct pp_test_engine once;
+    pp_test_engine_open(&once, mix_gguf, 0, -1, 1, 0, 3, 256);
     assert_int_equal(pp_executor_forward(once.ex, &b, NULL, logits), PP_OK);
     assert_memory_equal(split, logits, sizeof(logits)); /* a split range gives the same bits */
     const int64_t *whole1 = pp_executor_expert_tokens(once.ex, 1);
     const int64_t *whole0 = pp_executor_expert_tokens(once.ex, 0);
     assert_memory_equal(whole1, pp_executor_expert_tokens(tail.ex, 0), 6 * sizeof(int64_t));
     assert_memory_equal(whole0, pp_executor_expert_tokens(head.ex, 0), 6 * sizeof(int64_t));
-    engine_close(&once);
-    engine_close(&head);
-    engine_close(&tail);
-    engine_close(&e);
+    pp_test_engine_close(&once);
+    pp_test_engine_close(&head);
+    pp_test_engine_close(&tail);
+    pp_test_engine_close(&e);
     /* a dense model has no counts */
-    engine_open(&e, dense_gguf, 0, -1, 1, 256);
+    pp_test_engine_open(&e, dense_gguf, 0, -1, 1, 0, 1, 256);
     assert_null(pp_executor_expert_tokens(e.ex, 0));
-    engine_close(&e);
+    pp_test_engine_close(&e);
 }
 
 /* Deterministic inputs in [-2, 2). */

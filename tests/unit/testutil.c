@@ -69,3 +69,27 @@ int32_t pp_test_argmax(const float *x, int n)
             best = i;
     return best;
 }
+
+void pp_test_engine_open(struct pp_test_engine *e, const char *path, int32_t first, int32_t last,
+                         int32_t tp, int32_t ep, int threads, int32_t window)
+{
+    memset(e, 0, sizeof(*e));
+    e->tp = tp;
+    if (pp_model_open(path, first, last, &e->m) != PP_OK)
+        fail_msg("%s: %s", path, pp_error_detail());
+    assert_int_equal(pp_backend_cpu_new_workers(threads, tp, e->bes), PP_OK);
+    struct pp_executor_opts o = {0};
+    o.max_batch_tokens = window;
+    o.max_seqs = 8;
+    o.ep = ep;
+    if (pp_executor_new_workers(e->m, e->bes, tp, &o, &e->ex) != PP_OK)
+        fail_msg("%s tp %d ep %d: %s", path, tp, ep, pp_error_detail());
+    assert_int_equal(pp_executor_workers(e->ex), tp);
+}
+
+void pp_test_engine_close(struct pp_test_engine *e)
+{
+    pp_executor_free(e->ex);
+    pp_backend_free_all(e->bes, e->tp);
+    pp_model_free(e->m);
+}
