@@ -57,19 +57,26 @@ static void block(struct coordinator *co)
              "stage registers or leaves, and every %d s)", pp_error_detail(), CO_BLOCKED_RETRY_S);
 }
 
+/* Sleeps on co->cond for at most 200 ms (a registration or heartbeat wakes it), then checks the
+ * stages' liveness; mu held. */
+static void wait_tick(struct coordinator *co)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 200 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&co->cond, &co->mu, &ts);
+    co_check_stages(co);
+}
+
 /* Waits until cfg.stages stages are alive (mu held). */
 static pp_status wait_for_stages(struct coordinator *co)
 {
     while (!*co->interrupted && co->n_stages < (int)co->cfg.stages) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&co->cond, &co->mu, &ts);
-        co_check_stages(co);
+        wait_tick(co);
         snprintf(co->state_reason, sizeof(co->state_reason), "waiting for stages: %d of %lld",
                  co->n_stages, (long long)co->cfg.stages);
     }
@@ -276,15 +283,7 @@ void co_setup_wait_change(struct coordinator *co, double timeout_s)
     double deadline = pp_clock_mono() + timeout_s;
     int silent = 0;
     while (!*co->interrupted && co->stages_gen == gen && !silent && pp_clock_mono() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&co->cond, &co->mu, &ts);
-        co_check_stages(co);
+        wait_tick(co);
         for (int i = 0; i < co->n_stages; i++)
             silent |= !co->stages[i].alive;
     }

@@ -157,15 +157,12 @@ static void write_moe(const char *arch, enum pp_dtype dt, int32_t dim, int32_t h
                       int32_t shared, int norm, char *path)
 {
     struct pp_synth_spec s;
-    pp_test_small_spec(&s);
-    snprintf(s.arch, sizeof(s.arch), "%s", arch);
+    pp_test_moe_spec(&s, arch, EXPERTS, USED);
     s.dtype = dt;
     s.dim = dim;
     s.n_heads = heads;
     s.n_layers = LAYERS;
     s.ffn_dim = 64;
-    s.n_experts = EXPERTS;
-    s.n_experts_used = USED;
     s.shared_ffn_dim = shared;
     s.norm_topk_prob = norm;
     s.seed = 9;

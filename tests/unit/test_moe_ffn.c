@@ -20,14 +20,6 @@
 static char *dir;
 static char mix_gguf[600], qwen_gguf[600], qwen_hf[600], dense_gguf[600];
 
-static void moe_spec(struct pp_synth_spec *s, const char *arch, int32_t n, int32_t k)
-{
-    pp_test_small_spec(s);
-    strcpy(s->arch, arch);
-    s->n_experts = n;
-    s->n_experts_used = k;
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -37,12 +29,12 @@ static int setup(void **state)
     snprintf(qwen_gguf, sizeof(qwen_gguf), "%s/qwen.gguf", dir);
     snprintf(qwen_hf, sizeof(qwen_hf), "%s/qwen_hf", dir);
     snprintf(dense_gguf, sizeof(dense_gguf), "%s/dense.gguf", dir);
-    moe_spec(&s, "mixtral", 6, 2);
+    pp_test_moe_spec(&s, "mixtral", 6, 2);
     s.dtype = PP_DTYPE_F16;
     s.seed = 5;
     if (pp_synth_write_gguf(&s, mix_gguf) != PP_OK)
         return -1;
-    moe_spec(&s, "qwen2moe", 8, 3);
+    pp_test_moe_spec(&s, "qwen2moe", 8, 3);
     s.dtype = PP_DTYPE_Q8_0;
     s.expert_ffn_dim = 32;
     s.shared_ffn_dim = 64;

@@ -93,3 +93,11 @@ void pp_test_engine_close(struct pp_test_engine *e)
     pp_backend_free_all(e->bes, e->tp);
     pp_model_free(e->m);
 }
+
+void pp_test_moe_spec(struct pp_synth_spec *s, const char *arch, int32_t n, int32_t k)
+{
+    pp_test_small_spec(s);
+    snprintf(s->arch, sizeof(s->arch), "%s", arch);
+    s->n_experts = n;
+    s->n_experts_used = k;
+}

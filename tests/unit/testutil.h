@@ -22,6 +22,9 @@ void pp_test_write_file(const char *path, const void *p, size_t n);
 /* A small llama-shaped spec: dim 64, 3 layers, 4 heads, 2 KV heads, ffn 96, vocab 300, ctx 128. */
 void pp_test_small_spec(struct pp_synth_spec *s);
 
+/* pp_test_small_spec as arch ("mixtral" or "qwen2moe") with n experts, k used per token. */
+void pp_test_moe_spec(struct pp_synth_spec *s, const char *arch, int32_t n, int32_t k);
+
 /* A model range, its CPU worker backends and an executor over them, as the executor tests use it:
  * tp workers (1 = the plain executor) in ep expert groups (0 = 1) sharing threads threads, windows
  * of window rows, room for 8 sequences. Fails the test with the error's detail when a part cannot
