@@ -54,6 +54,10 @@ void pp_stage_expert_load_update(struct pp_stage *s)
 {
     struct pp_stage_assignment *a = s->asg;
     const struct pp_model *m = a ? pp_executor_model(a->ex) : NULL;
+    /* dense (or no) assignment and nothing reported: the common case costs no lock. s->experts
+     * is written only here, under mu, which the caller holds */
+    if (!s->experts && (!m || m->cfg.n_experts == 0))
+        return;
     pthread_mutex_lock(&s->stats_mu);
     struct pp_stage_expert_load *e = s->experts;
     int same = e && m && e->first == m->first_layer && e->last == m->last_layer &&
