@@ -25,7 +25,7 @@
 #include "kernels/dtype.h"
 
 #define N_MATS 7
-#define MAX_TOKENS 64
+#define MAX_TOKENS 512
 
 static const struct pp_bench_shape mats[N_MATS] = {
     {"wq", 2048, 2048},   {"wk", 256, 2048},   {"wv", 256, 2048},  {"wo", 2048, 2048},

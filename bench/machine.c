@@ -143,8 +143,13 @@ __attribute__((target("avx2,fma"))) static void *fma_thread(void *arg)
 {
     struct fma_arg *a = arg;
     __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    __m256 r0 = _mm256_set1_ps(1.0f), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0,
-           r8 = r0, r9 = r0, r10 = r0, r11 = r0;
+    /* distinct starting values: chains that start equal are the same chain, and the compiler
+     * keeps one of them (it did: the loop ran one FMA per iteration, latency-bound, and the peak
+     * came out 1.5× too high) */
+    __m256 r0 = _mm256_set1_ps(1.00f), r1 = _mm256_set1_ps(1.01f), r2 = _mm256_set1_ps(1.02f),
+           r3 = _mm256_set1_ps(1.03f), r4 = _mm256_set1_ps(1.04f), r5 = _mm256_set1_ps(1.05f),
+           r6 = _mm256_set1_ps(1.06f), r7 = _mm256_set1_ps(1.07f), r8 = _mm256_set1_ps(1.08f),
+           r9 = _mm256_set1_ps(1.09f), r10 = _mm256_set1_ps(1.10f), r11 = _mm256_set1_ps(1.11f);
     pthread_barrier_wait(a->bar);
     a->t0 = pp_bench_now();
     for (long i = 0; i < FMA_ITERS; i++) {
