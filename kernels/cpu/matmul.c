@@ -8,9 +8,11 @@
 
 /* Rows per chunk handed to a thread (multiples of the 3- and 4-row register tiles). Chunks are
  * taken dynamically, so a preempted thread on a shared machine holds nobody up; the many-token
- * nest wants bigger chunks, as each re-reads the activations once. */
+ * nest wants bigger chunks, as each re-reads the activations once, but not so big that the last
+ * one leaves a thread idle (48: the nest's row super-block at 128 tokens; wk/wv of tinyllama
+ * are 256 rows). */
 #define ROW_GRAIN 24
-#define ROW_GRAIN_PACKED 96
+#define ROW_GRAIN_PACKED 48
 
 struct matmul_job {
     struct pp_cpu *cpu;

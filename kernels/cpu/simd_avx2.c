@@ -463,10 +463,13 @@ AI void micro(const struct tile *m, int NT)
         }
     }
     if (m->last) {
-        for (int i = 0; i < m->rows; i++)
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++)
-                m->y[j * m->ldy + i] = merge8(acc[i][j]);
+        /* constant indices only: a variable one would put the accumulators in memory */
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < MR; i++)
+            if (i < m->rows)
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NT; j++)
+                    m->y[j * m->ldy + i] = merge8(acc[i][j]);
     } else {
         _Pragma("GCC unroll 4")
         for (int i = 0; i < MR; i++)
@@ -536,6 +539,20 @@ static void packed(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                             m.rows = mcl - p < MR ? (int)(mcl - p) : MR;
                             m.acc = s->acc + ((rb - rs + p) * nc + t) * 8;
                             m.y = a->y + (t0 + t) * a->rows + rb + p;
+                            if (!m.first && (p + MR < mcl || t + NR < nc)) {
+                                /* the next tile's partial sums (the next 3 rows of these
+                                 * tokens, or the first 3 rows of the next tokens) are in L2:
+                                 * asking for them now hides the wait at that tile's start
+                                 * (3% faster at 128 tokens on Zen 3) */
+                                const float *na = p + MR < mcl
+                                                      ? m.acc + MR * m.lda
+                                                      : s->acc + ((rb - rs) * nc + t + NR) * 8;
+                                _Pragma("GCC unroll 3")
+                                for (int i = 0; i < MR; i++) {
+                                    _mm_prefetch((const char *)(na + i * m.lda), _MM_HINT_T0);
+                                    _mm_prefetch((const char *)(na + i * m.lda) + 64, _MM_HINT_T0);
+                                }
+                            }
                             micros[left](&m);
                         }
                     }
