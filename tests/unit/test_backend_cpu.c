@@ -205,7 +205,8 @@ static void test_matmul_q8_0(void **state)
 }
 
 /* A token's output row has the same bits alone (the direct, decode loop nest) as inside a batch of
- * 5 or of 40 (the packed loop nest, ragged token tiles), with the reduction inside one chunk and
+ * 5, of 40 (the packed loop nest, ragged token tiles) or of more than one packed pass of tokens
+ * (PP_MM_NC_MAX), with the reduction inside one chunk and
  * across three (cols > 2 * PP_MM_KC), for every dtype: batching must never change what a request
  * sees. */
 static void test_matmul_batch_invariant(void **state)
@@ -215,14 +216,14 @@ static void test_matmul_batch_invariant(void **state)
     backends_new(be);
     uint64_t seed = 11;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
-    const int64_t batches[] = {5, 40};
+    const int64_t batches[] = {5, 40, PP_MM_NC_MAX + 7};
     for (int d = 0; d < 8; d++) {
         int64_t rows = 37, cols = dts[d % 4] == PP_DTYPE_Q8_0 ? 96 : 83;
         if (d >= 4)
             cols = 2 * PP_MM_KC + (dts[d % 4] == PP_DTYPE_Q8_0 ? 96 : 89);
         struct test_weight tw;
         weight_make(&tw, dts[d % 4], rows, cols, &seed);
-        for (int bi = 0; bi < 2; bi++) {
+        for (int bi = 0; bi < 3; bi++) {
             int64_t n = batches[bi];
             float *x = rand_floats(&seed, n * cols, -2.0f, 2.0f);
             float *yb = malloc((size_t)(n * rows) * sizeof(float));
