@@ -96,29 +96,38 @@ static struct query query_of(const struct attn_job *j, int64_t row, int32_t h)
     return qr;
 }
 
-/* The partial softmax of one chunk: *m, *l and o[head_dim] over positions [c0, c1]. */
+/* The partial softmax of one chunk: *m, *l and o[head_dim] over positions [c0, c1] (at most
+ * ATTN_CHUNK of them). The keys' dot products run four at a time and the values' weighted sum keeps
+ * o in registers; each score and each element of o still takes its one canonical order. */
 static void attend_chunk(const struct attn_job *j, const struct query *qr, int64_t c0, int64_t c1,
                          float *scores, float *m, float *l, float *o)
 {
     const struct pp_simd *simd = j->cpu->simd;
     const struct pp_attn_shape *sh = j->shape;
     int32_t hd = sh->head_dim;
+    int64_t n = c1 - c0 + 1, off = (int64_t)qr->kvh * hd;
+    const float *rows[ATTN_CHUNK];
+    assert(n >= 1 && n <= ATTN_CHUNK);
+    rows[0] = kv_row(j->kv, j->layer, 0, qr->sq->block_table, c0) + off;
+    for (int64_t i = 1; i < n; i++)
+        rows[i] = kv_row(j->kv, j->layer, 0, qr->sq->block_table, c0 + i) + off;
+    simd->dots(scores, qr->q, rows, n, hd);
     float max = -INFINITY;
-    for (int64_t i = c0; i <= c1; i++) {
-        const float *k = kv_row(j->kv, j->layer, 0, qr->sq->block_table, i) + (int64_t)qr->kvh * hd;
-        float s = simd->dot(qr->q, k, hd) * sh->scale;
-        scores[i - c0] = s;
+    for (int64_t i = 0; i < n; i++) {
+        float s = scores[i] * sh->scale;
+        scores[i] = s;
         if (s > max)
             max = s;
     }
     float sum = 0.0f;
-    memset(o, 0, (size_t)hd * sizeof(float));
-    for (int64_t i = c0; i <= c1; i++) {
-        float e = expf(scores[i - c0] - max);
+    for (int64_t i = 0; i < n; i++) {
+        float e = expf(scores[i] - max);
         sum += e;
-        const float *v = kv_row(j->kv, j->layer, 1, qr->sq->block_table, i) + (int64_t)qr->kvh * hd;
-        simd->axpy(o, e, v, hd);
+        scores[i] = e;
+        rows[i] = kv_row(j->kv, j->layer, 1, qr->sq->block_table, c0 + i) + off;
     }
+    memset(o, 0, (size_t)hd * sizeof(float));
+    simd->wsum(o, scores, rows, n, hd);
     *m = max;
     *l = sum;
 }

@@ -29,10 +29,17 @@ static float dot_portable(const float *a, const float *b, int64_t n)
     return pp__dot(a, b, n);
 }
 
-static void axpy_portable(float *y, float a, const float *x, int64_t n)
+static void dots_portable(float *out, const float *a, const float *const *b, int64_t m, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++)
-        y[i] = fmaf(a, x[i], y[i]);
+    for (int64_t i = 0; i < m; i++)
+        out[i] = pp__dot(a, b[i], n);
+}
+
+static void wsum_portable(float *y, const float *w, const float *const *x, int64_t m, int64_t n)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++)
+            y[j] = fmaf(w[i], x[i][j], y[j]);
 }
 
 static void f16_portable(float *dst, const void *src, int64_t n)
@@ -45,8 +52,9 @@ static void bf16_portable(float *dst, const void *src, int64_t n)
     pp_row_to_f32(dst, src, PP_DTYPE_BF16, n);
 }
 
-static const struct pp_simd portable = {"portable", matmul_rows_portable, dot_portable,
-                                        axpy_portable, f16_portable, bf16_portable};
+static const struct pp_simd portable = {"portable",    matmul_rows_portable, dot_portable,
+                                        dots_portable, wsum_portable,        f16_portable,
+                                        bf16_portable};
 
 const struct pp_simd *pp_simd_portable(void)
 {

@@ -75,8 +75,14 @@ typedef void (*pp_mm_rows_fn)(const struct pp_mm_args *a, int64_t r0, int64_t r1
                               const struct pp_mm_scratch *s);
 /* The canonical dot product pp__dot. */
 typedef float (*pp_dot_fn)(const float *a, const float *b, int64_t n);
-/* y[i] = fmaf(a, x[i], y[i]) for i in [0, n): one fused multiply-add per element. */
-typedef void (*pp_axpy_fn)(float *y, float a, const float *x, int64_t n);
+/* out[i] = pp__dot(a, b[i], n) for i in [0, m): one vector against m rows found anywhere (the keys
+ * of an attention chunk in the paged cache). */
+typedef void (*pp_dots_fn)(float *out, const float *a, const float *const *b, int64_t m,
+                           int64_t n);
+/* For i = 0, 1, ..., m-1 in that order, y[j] = fmaf(w[i], x[i][j], y[j]) for j in [0, n): a
+ * weighted sum of m rows found anywhere (the values of an attention chunk), one fused
+ * multiply-add per element and row. */
+typedef void (*pp_wsum_fn)(float *y, const float *w, const float *const *x, int64_t m, int64_t n);
 /* pp_row_to_f32 for f16/bf16 (other dtypes use the portable function). */
 typedef void (*pp_convert_fn)(float *dst, const void *src, int64_t n);
 
@@ -84,7 +90,8 @@ struct pp_simd {
     const char *name; /* "avx2" or "portable" */
     pp_mm_rows_fn matmul_rows;
     pp_dot_fn dot;
-    pp_axpy_fn axpy;
+    pp_dots_fn dots;
+    pp_wsum_fn wsum;
     pp_convert_fn f16_to_f32;
     pp_convert_fn bf16_to_f32;
 };

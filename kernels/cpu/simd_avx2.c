@@ -601,16 +601,68 @@ static float dot_avx2(const float *a, const float *b, int64_t n)
     return merge8(acc);
 }
 
-static void axpy_avx2(float *y, float a, const float *x, int64_t n)
+/* Four rows at a time: four independent chains, each pp__dot's order, so the FMA latency is
+ * hidden (one dot alone waits on its single chain). */
+static void dots_avx2(float *out, const float *a, const float *const *b, int64_t m, int64_t n)
 {
-    __m256 av = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 r = _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i));
-        _mm256_storeu_ps(y + i, r);
+    int64_t full = n & ~(int64_t)7, i = 0;
+    __m256i mk = tail_mask(n - full);
+    for (; i + 4 <= m; i += 4) {
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        const float *b0 = b[i], *b1 = b[i + 1], *b2 = b[i + 2], *b3 = b[i + 3];
+        for (int64_t k = 0; k < full; k += 8) {
+            __m256 av = _mm256_loadu_ps(a + k);
+            c0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b0 + k), c0);
+            c1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b1 + k), c1);
+            c2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b2 + k), c2);
+            c3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b3 + k), c3);
+        }
+        if (full < n) {
+            __m256 av = _mm256_maskload_ps(a + full, mk);
+            c0 = _mm256_fmadd_ps(av, _mm256_maskload_ps(b0 + full, mk), c0);
+            c1 = _mm256_fmadd_ps(av, _mm256_maskload_ps(b1 + full, mk), c1);
+            c2 = _mm256_fmadd_ps(av, _mm256_maskload_ps(b2 + full, mk), c2);
+            c3 = _mm256_fmadd_ps(av, _mm256_maskload_ps(b3 + full, mk), c3);
+        }
+        out[i] = merge8(c0);
+        out[i + 1] = merge8(c1);
+        out[i + 2] = merge8(c2);
+        out[i + 3] = merge8(c3);
     }
-    for (; i < n; i++)
-        y[i] = fmaf(a, x[i], y[i]);
+    for (; i < m; i++)
+        out[i] = dot_avx2(a, b[i], n);
+}
+
+/* Up to 64 elements of y stay in registers while every row passes; a ragged tail of fewer than 8
+ * elements takes scalar fused multiply-adds (fmaf and a lane of vfmadd round alike). */
+static void wsum_avx2(float *y, const float *w, const float *const *x, int64_t m, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m256 r[8];
+        _Pragma("GCC unroll 8")
+        for (int v = 0; v < 8; v++)
+            r[v] = _mm256_loadu_ps(y + j + v * 8);
+        for (int64_t i = 0; i < m; i++) {
+            __m256 wv = _mm256_set1_ps(w[i]);
+            const float *xi = x[i] + j;
+            _Pragma("GCC unroll 8")
+            for (int v = 0; v < 8; v++)
+                r[v] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xi + v * 8), r[v]);
+        }
+        _Pragma("GCC unroll 8")
+        for (int v = 0; v < 8; v++)
+            _mm256_storeu_ps(y + j + v * 8, r[v]);
+    }
+    for (; j + 8 <= n; j += 8) {
+        __m256 r = _mm256_loadu_ps(y + j);
+        for (int64_t i = 0; i < m; i++)
+            r = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), _mm256_loadu_ps(x[i] + j), r);
+        _mm256_storeu_ps(y + j, r);
+    }
+    for (; j < n; j++)
+        for (int64_t i = 0; i < m; i++)
+            y[j] = fmaf(w[i], x[i][j], y[j]);
 }
 
 static void f16_avx2(float *dst, const void *src, int64_t n)
@@ -635,8 +687,8 @@ static void bf16_avx2(float *dst, const void *src, int64_t n)
         dst[i] = pp_bf16_to_f32(s[i]);
 }
 
-static const struct pp_simd avx2 = {"avx2", matmul_rows_avx2, dot_avx2, axpy_avx2, f16_avx2,
-                                    bf16_avx2};
+static const struct pp_simd avx2 = {"avx2",    matmul_rows_avx2, dot_avx2, dots_avx2,
+                                    wsum_avx2, f16_avx2,         bf16_avx2};
 
 #if defined(__clang__)
 #pragma clang attribute pop

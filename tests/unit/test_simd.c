@@ -1,6 +1,7 @@
 /* The vector inner loops give exactly the portable loops' bits (the canonical pp__dot order), on
  * ragged sizes, on both matmul loop nests (few tokens read weights directly, many tokens go through
  * packed panels and chunked partial sums), and for every weight dtype. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +32,55 @@ static void test_dot_matches(void **state)
         free(a);
         free(b);
     }
+}
+
+/* dots and wsum over rows scattered in memory give pp__dot's and fmaf's bits in both tables, for
+ * row counts around the four-row step and lengths around the 8- and 64-element blocks. */
+static void test_dots_wsum_match(void **state)
+{
+    (void)state;
+    const struct pp_simd *fast = pp_simd_get(), *port = pp_simd_portable();
+    unsigned seed = 21;
+    const int64_t lens[] = {1, 7, 8, 13, 64, 72, 128, 131};
+    for (int64_t m = 1; m <= 11; m++)
+        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+            int64_t n = lens[li];
+            float *a = malloc(sizeof(float) * (size_t)n);
+            float *pool = malloc(sizeof(float) * (size_t)(n * m * 3)); /* rows 3n apart, odd offset */
+            const float *rows[11];
+            float w[11], d1[11], d2[11];
+            for (int64_t k = 0; k < n; k++)
+                a[k] = frand(&seed);
+            for (int64_t k = 0; k < n * m * 3; k++)
+                pool[k] = frand(&seed) * 10.0f;
+            for (int64_t i = 0; i < m; i++) {
+                rows[i] = pool + (m - 1 - i) * 3 * n + 1;
+                w[i] = frand(&seed);
+            }
+            fast->dots(d1, a, rows, m, n);
+            port->dots(d2, a, rows, m, n);
+            for (int64_t i = 0; i < m; i++) {
+                float ref = pp__dot(a, rows[i], n);
+                assert_memory_equal(&d1[i], &ref, sizeof(float));
+                assert_memory_equal(&d2[i], &ref, sizeof(float));
+            }
+            float *y1 = malloc(sizeof(float) * (size_t)n), *y2 = malloc(sizeof(float) * (size_t)n);
+            float *yr = malloc(sizeof(float) * (size_t)n);
+            for (int64_t k = 0; k < n; k++)
+                y1[k] = y2[k] = yr[k] = frand(&seed);
+            fast->wsum(y1, w, rows, m, n);
+            port->wsum(y2, w, rows, m, n);
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t k = 0; k < n; k++)
+                    yr[k] = fmaf(w[i], rows[i][k], yr[k]);
+            assert_memory_equal(y1, yr, sizeof(float) * (size_t)n);
+            assert_memory_equal(y2, yr, sizeof(float) * (size_t)n);
+            free(a);
+            free(pool);
+            free(y1);
+            free(y2);
+            free(yr);
+        }
 }
 
 /* One random matmul through both tables: the same bits, and each element equal to pp__dot of the
@@ -178,6 +228,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dot_matches),
+        cmocka_unit_test(test_dots_wsum_match),
         cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_direct_all_token_counts),
         cmocka_unit_test(test_conversions_match),
