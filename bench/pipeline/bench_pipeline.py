@@ -219,7 +219,8 @@ def run_config(ctx, name, model, stage_cpus, threads, prompts, max_tokens, layer
     full_compute = [analysis.summary([s.compute_end - s.compute_start for mb in full
                                       for s in mb.spans if s.stage == k]) for k in range(n_st)]
     return {"name": name, "partition": partition, "stage_cpus": stage_cpus, "threads": threads,
-            "microbatches_in_flight": microbatches or n_st, "prompt_tokens": n_prompt,
+            # 0 leaves it to the coordinator, whose default is stages + 1 (coordinator/setup.c)
+            "microbatches_in_flight": microbatches or n_st + 1, "prompt_tokens": n_prompt,
             "generated_tokens": n_gen, "elapsed_s": elapsed,
             "tokens_per_s": (n_prompt + n_gen) / elapsed, "n_microbatches": len(mbs),
             "stage_busy_fraction": analysis.busy_and_bubble(mbs, n_st)["busy_fraction"],
