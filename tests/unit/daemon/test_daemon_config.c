@@ -113,6 +113,59 @@ static void test_stage_degrees(void **state)
     unlink(path);
 }
 
+/* devices: the documented default, a GPU list setting tp, and errors naming the file and line or
+ * the flag, the key, what is allowed and what arrived. */
+static void test_stage_devices(void **state)
+{
+    (void)state;
+    struct pp_stage_config c;
+    int32_t tp, ep;
+    pp_stage_config_defaults(&c);
+    char *base[] = {"--config", PP_SOURCE_DIR "/deploy/config/stage.cfg", "--model_root", "/tmp"};
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 4, base),
+                     PP_OK);
+    assert_string_equal(c.devices, "auto");
+
+    char *gpus[] = {"--coordinator", "h:1", "--model_root", "/tmp", "--devices", "cuda:1,0"};
+    pp_stage_config_defaults(&c);
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 6, gpus),
+                     PP_OK);
+    pp_stage_config_degrees(&c, &tp, &ep);
+    assert_int_equal(tp, 2); /* one worker per listed GPU */
+    assert_int_equal(pp_stage_config_check(&c), PP_OK);
+    c.tp = 4;
+    assert_int_equal(pp_stage_config_check(&c), PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(pp_error_detail(), "key 'devices': 'cuda:1,0' lists 2 GPUs, but tp is 4"));
+
+    const char *bad[] = {"gpu", "cuda:", "cuda:x", "cuda:0,0"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *flag[] = {"--devices", (char *)bad[i]};
+        pp_stage_config_defaults(&c);
+        assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 2,
+                                             flag), PP_ERR_INVALID_ARG);
+        assert_non_null(strstr(pp_error_detail(), "--devices: key 'devices': expected"));
+        char got[64];
+        snprintf(got, sizeof(got), "got '%s'", bad[i]);
+        assert_non_null(strstr(pp_error_detail(), got));
+        assert_string_equal(c.devices, "auto"); /* a refused value is not stored */
+    }
+    char path[] = "/tmp/pp_test_stage_devices_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "threads = 2;\n# GPUs\ndevices = \"gpu:0\";\n");
+    fclose(f);
+    pp_stage_config_defaults(&c);
+    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
+                     PP_ERR_INVALID_ARG);
+    char where[PATH_MAX + 32];
+    snprintf(where, sizeof(where), "%s:3: key 'devices': expected \"auto\", \"cpu\" or", path);
+    if (!strstr(pp_error_detail(), where))
+        fail_msg("expected \"%s\" in \"%s\"", where, pp_error_detail());
+    assert_non_null(strstr(pp_error_detail(), "got 'gpu:0'"));
+    unlink(path);
+}
+
 static void test_coordinator_cfg(void **state)
 {
     (void)state;
@@ -139,6 +192,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stage_cfg),
         cmocka_unit_test(test_stage_degrees),
+        cmocka_unit_test(test_stage_devices),
         cmocka_unit_test(test_coordinator_cfg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
