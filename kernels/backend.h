@@ -28,6 +28,10 @@
 #include "common/status.h"
 #include "kernels/dtype.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* A 2-D weight stored row-major as [rows, cols] in its file's dtype (host memory), or as loaded by a
  * backend's weight_load (the backend's memory, possibly another dtype). */
 struct pp_weight {
@@ -184,5 +188,9 @@ pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out);
  * pp_backend_free_all; on error nothing is left allocated. */
 pp_status pp_backend_cpu_new_workers(int n_threads, int n_workers, struct pp_backend **out);
 void pp_backend_free_all(struct pp_backend **bes, int n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

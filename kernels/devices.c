@@ -9,6 +9,7 @@
 #include <string.h>
 
 #ifdef PP_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/device.h"
 #endif
 
@@ -210,6 +211,16 @@ pp_status pp_backends_new(const struct pp_device_spec *use, int n_threads, int n
                         "(cpu, or %d CUDA devices)", n_workers, n_workers);
     for (int r = 0; r < n_workers; r++)
         out[r] = NULL;
-    return pp_error(PP_ERR_UNSUPPORTED, "cuda:%d: the CUDA backend is not part of this version "
-                    "yet", use->ids[0]);
+#ifdef PP_HAVE_CUDA
+    for (int r = 0; r < n_workers; r++) {
+        pp_status st = pp_backend_cuda_new(use->ids[r], 0, &out[r]);
+        if (st != PP_OK) {
+            pp_backend_free_all(out, n_workers);
+            return st;
+        }
+    }
+    return PP_OK;
+#else
+    return pp_error(PP_ERR_UNSUPPORTED, "cuda:%d: this build has no CUDA support", use->ids[0]);
+#endif
 }
