@@ -46,12 +46,14 @@ struct attn_args {
     float scale;
 };
 
-/* Element offset of position p's K row (V is block_elems further) for KV head kvh. */
+/* Element offset of position p's K row (V is block_elems further) for KV head kvh. Positions fit
+ * 32 bits (contexts are int32), so the division is a 32-bit one. */
 __device__ __forceinline__ int64_t key_offset(const struct attn_args &a, const int32_t *btab,
                                               int64_t p, int32_t kvh)
 {
-    int64_t b = btab[p / a.block_size];
-    return (b * a.n_layers + a.layer) * 2 * a.block_elems + (p % a.block_size) * a.kv_dim +
+    int32_t p32 = (int32_t)p, blk = p32 / a.block_size, slot = p32 - blk * a.block_size;
+    int64_t b = btab[blk];
+    return (b * a.n_layers + a.layer) * 2 * a.block_elems + (int64_t)slot * a.kv_dim +
            (int64_t)kvh * a.head_dim;
 }
 
@@ -62,8 +64,8 @@ __device__ __forceinline__ int64_t first_key(int64_t qpos, int32_t window)
 
 /* ---- decode ---------------------------------------------------------------------------------- */
 
-/* grid (decode rows, KV heads, splits), DEC_THREADS threads. Shared: q [G][hd], scores [G][DEC_TK],
- * running max, sum and this tile's rescale [G] each. */
+/* grid (decode rows, KV heads, splits), DEC_THREADS threads. Shared: the tile's key offsets
+ * [DEC_TK] (int64), q [G][hd], scores [G][DEC_TK], running max, sum and this tile's rescale [G]. */
 __global__ void attn_decode_kernel(float *out, float *part, const float *q, struct attn_args a,
                                    const int32_t *drows, int32_t n_split)
 {
@@ -72,7 +74,9 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
     int32_t r = drows[blockIdx.x], kvh = blockIdx.y, split = blockIdx.z;
     int32_t s = a.row_seq[r];
     int32_t hd = a.head_dim, G = a.n_heads / a.n_kv_heads;
-    float *qs = sm, *sc = qs + G * hd, *ms = sc + G * DEC_TK, *ls = ms + G, *al = ls + G;
+    int64_t *koff = (int64_t *)sm;
+    float *qs = (float *)(koff + DEC_TK), *sc = qs + G * hd, *ms = sc + G * DEC_TK, *ls = ms + G;
+    float *al = ls + G;
     int64_t qpos = a.row_pos[r], first = first_key(qpos, a.window);
     int64_t span = qpos - first + 1, chunk = (span + n_split - 1) / n_split;
     int64_t k0 = first + (int64_t)split * chunk, k1 = k0 + chunk - 1 < qpos ? k0 + chunk - 1 : qpos;
@@ -91,9 +95,12 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
     const int32_t *btab = a.bt + a.seqs[s < 0 ? 0 : s].bt_off;
     for (int64_t kt = k0; s >= 0 && kt <= k1; kt += DEC_TK) {
         int nk = k1 - kt + 1 < DEC_TK ? (int)(k1 - kt + 1) : DEC_TK;
+        if (tid < nk)
+            koff[tid] = key_offset(a, btab, kt + tid, kvh);
+        __syncthreads();
         /* scores: warp w takes keys w, w + 4, ...; lanes split the head dimension */
         for (int j = warp; j < nk; j += DEC_THREADS / 32) {
-            const float *krow = a.pool + key_offset(a, btab, kt + j, kvh);
+            const float *krow = a.pool + koff[j];
             float dot[DEC_MAXG];
 #pragma unroll
             for (int g = 0; g < DEC_MAXG; g++)
@@ -143,7 +150,7 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
                 acc[g][1] *= al[g];
             }
         for (int j = 0; j < nk; j++) {
-            const float *vrow = a.pool + key_offset(a, btab, kt + j, kvh) + a.block_elems;
+            const float *vrow = a.pool + koff[j] + a.block_elems;
             float v0 = tid < hd ? vrow[tid] : 0.0f;
             float v1 = tid + DEC_THREADS < hd ? vrow[tid + DEC_THREADS] : 0.0f;
 #pragma unroll
@@ -154,7 +161,7 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
                     acc[g][1] += pj * v1;
                 }
         }
-        __syncthreads(); /* sc is rewritten by the next tile */
+        __syncthreads(); /* sc and koff are rewritten by the next tile */
     }
     if (s < 0)
         return;
@@ -471,7 +478,8 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
             n_split = 1;
         if (n_split > 65535)
             n_split = 65535;
-        size_t smem = sizeof(float) * ((size_t)G * hd + (size_t)G * DEC_TK + 3 * (size_t)G);
+        size_t smem = sizeof(int64_t) * DEC_TK +
+                      sizeof(float) * ((size_t)G * hd + (size_t)G * DEC_TK + 3 * (size_t)G);
         dim3 grid((unsigned)n_dec, (unsigned)KH, (unsigned)n_split);
         attn_decode_kernel<<<grid, DEC_THREADS, smem, c->stream>>>(
             out, (float *)c->scratch, q, a, (const int32_t *)d, (int32_t)n_split);
