@@ -1,73 +1,10 @@
-/* Token routing and selection on the CPU: MoE routing (softmax with expf in index order, top-k by
- * repeated maximum with ties to the lower index) and the top-k of logit rows. Plain f32 C on the
- * calling thread: both are small next to the matmuls around them. */
+/* Token routing and selection on the CPU: MoE routing (kernels/route_impl.h: softmax with expf in
+ * index order, top-k by repeated maximum with ties to the lower index) and the top-k of logit rows.
+ * Plain f32 C on the calling thread: both are small next to the matmuls around them. */
 #include <math.h>
 
 #include "kernels/cpu/cpu-impl.h"
-
-/* In place: p[n] = softmax(p), in index order. */
-static void softmax(float *p, int32_t n)
-{
-    float max = p[0];
-    for (int32_t i = 1; i < n; i++)
-        max = p[i] > max ? p[i] : max;
-    float sum = 0.0f;
-    for (int32_t i = 0; i < n; i++) {
-        p[i] = expf(p[i] - max);
-        sum += p[i];
-    }
-    for (int32_t i = 0; i < n; i++)
-        p[i] /= sum;
-}
-
-/* pick[k] = the k largest of v[n] in decreasing order, ties to the lower index. */
-static void top_k(const float *v, int32_t n, int32_t k, int32_t *pick)
-{
-    for (int32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (int32_t i = 0; i < n; i++) {
-            int taken = 0;
-            for (int32_t q = 0; q < j && !taken; q++)
-                taken = pick[q] == i;
-            if (!taken && (best < 0 || v[i] > v[best]))
-                best = i;
-        }
-        pick[j] = best;
-    }
-}
-
-/* One token's experts and weights from its router logits (overwritten). */
-static void route(float *logits, int32_t n, int32_t k, enum pp_route_mode mode, int renormalise,
-                  int32_t *pick, float *weight)
-{
-    if (mode == PP_ROUTE_TOPK_SOFTMAX) {
-        top_k(logits, n, k, pick);
-        for (int32_t j = 0; j < k; j++)
-            weight[j] = logits[pick[j]];
-        softmax(weight, k);
-    } else {
-        softmax(logits, n);
-        top_k(logits, n, k, pick);
-        float sum = 0.0f;
-        for (int32_t j = 0; j < k; j++) {
-            weight[j] = logits[pick[j]];
-            sum += weight[j];
-        }
-        if (renormalise)
-            for (int32_t j = 0; j < k; j++)
-                weight[j] /= sum;
-    }
-    /* increasing expert id: the order of the token's sum */
-    for (int32_t a = 1; a < k; a++)
-        for (int32_t b = a; b > 0 && pick[b - 1] > pick[b]; b--) {
-            int32_t ti = pick[b];
-            pick[b] = pick[b - 1];
-            pick[b - 1] = ti;
-            float tw = weight[b];
-            weight[b] = weight[b - 1];
-            weight[b - 1] = tw;
-        }
-}
+#include "kernels/route_impl.h"
 
 void pp__cpu_moe_route(struct pp_backend *be, int32_t *pick, float *weight, float *logits,
                        int64_t n, int32_t n_experts, int32_t k, enum pp_route_mode mode,
@@ -75,8 +12,8 @@ void pp__cpu_moe_route(struct pp_backend *be, int32_t *pick, float *weight, floa
 {
     (void)be;
     for (int64_t t = 0; t < n; t++)
-        route(logits + t * n_experts, n_experts, k, mode, renormalise, pick + t * k,
-              weight + t * k);
+        pp__route_token(logits + t * n_experts, n_experts, k, mode, renormalise, pick + t * k,
+                        weight + t * k);
 }
 
 /* NaN ranks below every number (a NaN logit is never picked ahead of one). */

@@ -67,49 +67,11 @@ __device__ __forceinline__ void word_dot(float *acc, uint4 raw, const float *x, 
     }
 }
 
-/* grid (row blocks, token groups): tokens [blockIdx.y * NT, +NT) of x; needs cols % V == 0 and
- * 16-byte aligned w and x. */
-template <typename W, int NT>
+/* grid (row blocks, token groups): tokens [blockIdx.y * NT, +NT) of x. VEC: 16-byte words (needs
+ * cols % V == 0 and 16-byte aligned w and x); otherwise one element per lane step. */
+template <typename W, int NT, bool VEC>
 __global__ void __launch_bounds__(GEMV_THREADS)
-    gemv_vec_kernel(float *y, const float *x, const W *w, int64_t rows, int64_t cols)
-{
-    constexpr int V = 16 / sizeof(W);
-    int64_t row = (int64_t)blockIdx.x * (GEMV_THREADS / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= rows)
-        return;
-    x += (int64_t)blockIdx.y * NT * cols;
-    y += (int64_t)blockIdx.y * NT * rows;
-    const uint4 *wr = reinterpret_cast<const uint4 *>(w + row * cols);
-    int64_t nv = cols / V;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-        acc[t] = 0.0f;
-    int64_t v = lane;
-    for (; v + 32 * (GEMV_UNROLL - 1) < nv; v += 32 * GEMV_UNROLL) {
-        uint4 raw[GEMV_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
-            raw[u] = __ldcs(wr + v + 32 * u); /* streamed: a weight is read once per pass */
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
-            word_dot<W, NT>(acc, raw[u], x, cols, (v + 32 * u) * V);
-    }
-    for (; v < nv; v += 32)
-        word_dot<W, NT>(acc, __ldcs(wr + v), x, cols, v * V);
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float s = pp_warp_sum(acc[t]);
-        if (lane == 0)
-            y[t * rows + row] = s;
-    }
-}
-
-/* The same for any cols and alignment, one element per lane step. */
-template <typename W, int NT>
-__global__ void __launch_bounds__(GEMV_THREADS)
-    gemv_scalar_kernel(float *y, const float *x, const W *w, int64_t rows, int64_t cols)
+    gemv_kernel(float *y, const float *x, const W *w, int64_t rows, int64_t cols)
 {
     int64_t row = (int64_t)blockIdx.x * (GEMV_THREADS / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -117,16 +79,33 @@ __global__ void __launch_bounds__(GEMV_THREADS)
         return;
     x += (int64_t)blockIdx.y * NT * cols;
     y += (int64_t)blockIdx.y * NT * rows;
-    const W *wr = w + row * cols;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++)
         acc[t] = 0.0f;
-    for (int64_t e = lane; e < cols; e += 32) {
-        float wv = pp_to_f32(wr[e]);
+    if constexpr (VEC) {
+        constexpr int V = 16 / sizeof(W);
+        const uint4 *wr = reinterpret_cast<const uint4 *>(w + row * cols);
+        int64_t nv = cols / V, v = lane;
+        for (; v + 32 * (GEMV_UNROLL - 1) < nv; v += 32 * GEMV_UNROLL) {
+            uint4 raw[GEMV_UNROLL];
 #pragma unroll
-        for (int t = 0; t < NT; t++)
-            acc[t] += wv * x[t * cols + e];
+            for (int u = 0; u < GEMV_UNROLL; u++)
+                raw[u] = __ldcs(wr + v + 32 * u); /* streamed: a weight is read once per pass */
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; u++)
+                word_dot<W, NT>(acc, raw[u], x, cols, (v + 32 * u) * V);
+        }
+        for (; v < nv; v += 32)
+            word_dot<W, NT>(acc, __ldcs(wr + v), x, cols, v * V);
+    } else {
+        const W *wr = w + row * cols;
+        for (int64_t e = lane; e < cols; e += 32) {
+            float wv = pp_to_f32(wr[e]);
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                acc[t] += wv * x[t * cols + e];
+        }
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -141,13 +120,11 @@ static void launch_gemv(struct pp_cuda *c, float *y, const float *x, const W *w,
                         int64_t cols, int64_t groups, int vec)
 {
     dim3 grid(pp__cuda_blocks(rows, GEMV_THREADS / 32), (unsigned)groups);
-    if (vec) {
-        gemv_vec_kernel<W, NT><<<grid, GEMV_THREADS, 0, c->stream>>>(y, x, w, rows, cols);
-        LAUNCH_OK(c, "gemv_vec_kernel");
-    } else {
-        gemv_scalar_kernel<W, NT><<<grid, GEMV_THREADS, 0, c->stream>>>(y, x, w, rows, cols);
-        LAUNCH_OK(c, "gemv_scalar_kernel");
-    }
+    if (vec)
+        gemv_kernel<W, NT, true><<<grid, GEMV_THREADS, 0, c->stream>>>(y, x, w, rows, cols);
+    else
+        gemv_kernel<W, NT, false><<<grid, GEMV_THREADS, 0, c->stream>>>(y, x, w, rows, cols);
+    LAUNCH_OK(c, "gemv_kernel");
 }
 
 template <typename W>

@@ -93,20 +93,16 @@ static void write_json(const struct figures *f)
     }
 }
 
-static double copy_bandwidth(void)
+/* The best of reps - 2 timed runs of run(ctx) on the default stream (two warm-ups), in ms. */
+static float best_ms(void (*run)(void *), void *ctx, int reps)
 {
-    size_t bytes = (size_t)1 << 30;
-    void *a = NULL, *b = NULL;
     cudaEvent_t t0, t1;
-    CK(cudaMalloc(&a, bytes));
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemset(a, 1, bytes));
     CK(cudaEventCreate(&t0));
     CK(cudaEventCreate(&t1));
     float best = 1e30f;
-    for (int i = 0; i < 12; i++) {
+    for (int i = 0; i < reps; i++) {
         CK(cudaEventRecord(t0, 0));
-        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        run(ctx);
         CK(cudaEventRecord(t1, 0));
         CK(cudaEventSynchronize(t1));
         float ms;
@@ -114,49 +110,66 @@ static double copy_bandwidth(void)
         if (i >= 2 && ms < best)
             best = ms;
     }
-    CK(cudaFree(a));
-    CK(cudaFree(b));
     CK(cudaEventDestroy(t0));
     CK(cudaEventDestroy(t1));
-    return 2.0 * (double)bytes / (best * 1e-3) / 1e9; /* read + write */
+    return best;
+}
+
+struct copy_job {
+    void *dst, *src;
+    size_t bytes;
+};
+
+static void run_copy(void *ctx)
+{
+    struct copy_job *j = ctx;
+    CK(cudaMemcpyAsync(j->dst, j->src, j->bytes, cudaMemcpyDeviceToDevice, 0));
+}
+
+static double copy_bandwidth(void)
+{
+    struct copy_job j = {NULL, NULL, (size_t)1 << 30};
+    CK(cudaMalloc(&j.src, j.bytes));
+    CK(cudaMalloc(&j.dst, j.bytes));
+    CK(cudaMemset(j.src, 1, j.bytes));
+    float ms = best_ms(run_copy, &j, 12);
+    CK(cudaFree(j.src));
+    CK(cudaFree(j.dst));
+    return 2.0 * (double)j.bytes / (ms * 1e-3) / 1e9; /* read + write */
+}
+
+struct gemm_job {
+    cublasHandle_t h;
+    int n;
+    void *a, *b, *c;
+};
+
+static void run_gemm(void *ctx)
+{
+    struct gemm_job *j = ctx;
+    const float one = 1.0f, zero = 0.0f;
+    CKB(cublasGemmEx(j->h, CUBLAS_OP_T, CUBLAS_OP_N, j->n, j->n, j->n, &one, j->a, CUDA_R_16BF,
+                     j->n, j->b, CUDA_R_16BF, j->n, &zero, j->c, CUDA_R_32F, j->n,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 static double cublas_rate(struct pp_backend *be)
 {
-    const int n = 8192;
-    void *a = NULL, *b = NULL, *c = NULL;
-    CK(cudaMalloc(&a, (size_t)n * n * 2));
-    CK(cudaMalloc(&b, (size_t)n * n * 2));
-    CK(cudaMalloc(&c, (size_t)n * n * 4));
-    pp_cuda_fill_uniform(be, a, PP_DTYPE_BF16, (int64_t)n * n, 1, 1.0f);
-    pp_cuda_fill_uniform(be, b, PP_DTYPE_BF16, (int64_t)n * n, 2, 1.0f);
+    struct gemm_job j = {NULL, 8192, NULL, NULL, NULL};
+    size_t nn = (size_t)j.n * j.n;
+    CK(cudaMalloc(&j.a, nn * 2));
+    CK(cudaMalloc(&j.b, nn * 2));
+    CK(cudaMalloc(&j.c, nn * 4));
+    pp_cuda_fill_uniform(be, j.a, PP_DTYPE_BF16, (int64_t)nn, 1, 1.0f);
+    pp_cuda_fill_uniform(be, j.b, PP_DTYPE_BF16, (int64_t)nn, 2, 1.0f);
     CKP("fill", be->ops->sync(be));
-    cublasHandle_t h;
-    CKB(cublasCreate(&h));
-    cudaEvent_t t0, t1;
-    CK(cudaEventCreate(&t0));
-    CK(cudaEventCreate(&t1));
-    const float one = 1.0f, zero = 0.0f;
-    float best = 1e30f;
-    for (int i = 0; i < 8; i++) {
-        CK(cudaEventRecord(t0, 0));
-        CKB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b,
-                         CUDA_R_16BF, n, &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT));
-        CK(cudaEventRecord(t1, 0));
-        CK(cudaEventSynchronize(t1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, t0, t1));
-        if (i >= 2 && ms < best)
-            best = ms;
-    }
-    CKB(cublasDestroy(h));
-    CK(cudaEventDestroy(t0));
-    CK(cudaEventDestroy(t1));
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    CK(cudaFree(c));
-    return 2.0 * n * (double)n * n / (best * 1e-3) / 1e12;
+    CKB(cublasCreate(&j.h));
+    float ms = best_ms(run_gemm, &j, 8);
+    CKB(cublasDestroy(j.h));
+    CK(cudaFree(j.a));
+    CK(cudaFree(j.b));
+    CK(cudaFree(j.c));
+    return 2.0 * (double)nn * j.n / (ms * 1e-3) / 1e12;
 }
 
 /* --- the model, generated on the device --------------------------------------------------------- */

@@ -31,13 +31,14 @@ struct stats {
     int greedy_same;
 };
 
-static int argmax(const float *x, int n)
+/* Greedy: the CPU backend's top-1 (ties to the lower id), as sampling takes it. */
+static int argmax(struct engine *cpu, const float *x, int n)
 {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
+    int32_t id = 0;
+    float v;
+    if (cpu->be->ops->topk(cpu->be, &id, &v, x, 1, n, 1) != PP_OK)
+        return -1;
+    return id;
 }
 
 /* Runs batch on both engines; compares the logits rows; returns the CPU's logits. */
@@ -68,7 +69,7 @@ static int step(struct engine *cpu, struct engine *gpu, const struct pp_exec_bat
         double rel = finite ? md / (mr > 0 ? mr : 1) : INFINITY;
         st->worst = rel > st->worst ? rel : st->worst;
         st->rows++;
-        st->greedy_same += argmax(c, vocab) == argmax(g, vocab);
+        st->greedy_same += argmax(cpu, c, vocab) == argmax(cpu, g, vocab);
     }
     return 0;
 }
@@ -116,7 +117,7 @@ static int run_model(const char *path, double tol, FILE *json, int first)
         goto done;
     int32_t pos[2] = {37, 5};
     for (int k = 0; k < 6; k++) { /* decode both, fed the CPU's greedy tokens */
-        int32_t next[2] = {argmax(lc, vocab), argmax(lc + vocab, vocab)};
+        int32_t next[2] = {argmax(&cpu, lc, vocab), argmax(&cpu, lc + vocab, vocab)};
         struct pp_exec_seq d[2] = {{1, pos[0], 1, 1}, {2, pos[1], 1, 1}};
         struct pp_exec_batch db = {2, d, next, NULL};
         if (step(&cpu, &gpu, &db, 2, vocab, lc, lg, &st, "decode") != 0)
@@ -125,7 +126,7 @@ static int run_model(const char *path, double tol, FILE *json, int first)
         pos[1]++;
     }
     /* a long prompt in windows of 64 rows, beside a decode step of sequence 1 */
-    int32_t next = argmax(lc, vocab);
+    int32_t next = argmax(&cpu, lc, vocab);
     int32_t *mixed = malloc((size_t)(long_len + 1) * sizeof(int32_t));
     if (!mixed)
         goto done;

@@ -831,13 +831,15 @@ static void test_rows_and_gated_add(void **state)
             ref[rows[r] * COLS + c] += w[r] * y[r * COLS + c];
     assert_memory_equal(acc, ref, sizeof(acc));
     /* y[r] += sigmoid(g[r]) * x[r], one rounding for the product and one for the sum */
+    float *x = rand_floats(&seed, N * COLS, -1, 1);
     memcpy(got, y, sizeof(got));
-    be[2]->ops->add_gated(be[2], got, src, g, N, COLS);
+    be[2]->ops->add_gated(be[2], got, x, g, N, COLS);
     for (int r = 0; r < N; r++) {
         float sig = 1.0f / (1.0f + expf(-g[r]));
         for (int c = 0; c < COLS; c++)
-            assert_true(got[r * COLS + c] == y[r * COLS + c] + sig * src[r * COLS + c]);
+            assert_true(got[r * COLS + c] == y[r * COLS + c] + sig * x[r * COLS + c]);
     }
+    free(x);
     free(src);
     free(y);
     free(w);
@@ -870,24 +872,20 @@ static void route_ref(const float *lg, int n, int k, enum pp_route_mode mode, in
             order[b] = order[b - 1];
             order[b - 1] = t;
         }
-    double sum = 0, m = p[order[0]];
+    double sum = 0, m = p[order[0]], w[64];
     for (int j = 0; j < k; j++)
         sum += mode == PP_ROUTE_TOPK_SOFTMAX ? exp(p[order[j]] - m) : p[order[j]];
+    for (int i = 0; i < n; i++)
+        w[i] = -1; /* not picked */
     for (int j = 0; j < k; j++) {
         double v = mode == PP_ROUTE_TOPK_SOFTMAX ? exp(p[order[j]] - m) / sum : p[order[j]];
-        if (mode == PP_ROUTE_SOFTMAX_TOPK && renorm)
-            v /= sum;
-        pick[j] = order[j];
-        weight[j] = v;
+        w[order[j]] = mode == PP_ROUTE_SOFTMAX_TOPK && renorm ? v / sum : v;
     }
-    for (int a = 1; a < k; a++) /* increasing expert id */
-        for (int b = a; b > 0 && pick[b - 1] > pick[b]; b--) {
-            int32_t t = pick[b];
-            pick[b] = pick[b - 1];
-            pick[b - 1] = t;
-            double tw = weight[b];
-            weight[b] = weight[b - 1];
-            weight[b - 1] = tw;
+    int j = 0; /* the picked experts by increasing id */
+    for (int i = 0; i < n; i++)
+        if (w[i] >= 0) {
+            pick[j] = i;
+            weight[j++] = w[i];
         }
 }
 

@@ -36,6 +36,29 @@ static void test_stage_cfg(void **state)
     assert_non_null(strstr(pp_error_detail(), "got 'loud'"));
 }
 
+/* Loading text as a stage configuration file fails with "FILE:line: " followed by key_phrase, and
+ * the message has got in it. */
+static void expect_stage_file_error(const char *text, int line, const char *key_phrase,
+                                    const char *got)
+{
+    char path[] = "/tmp/pp_test_stage_cfg_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    struct pp_stage_config c;
+    pp_stage_config_defaults(&c);
+    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
+                     PP_ERR_INVALID_ARG);
+    unlink(path);
+    char where[PATH_MAX + 256];
+    snprintf(where, sizeof(where), "%s:%d: %s", path, line, key_phrase);
+    if (!strstr(pp_error_detail(), where) || !strstr(pp_error_detail(), got))
+        fail_msg("expected \"%s\" and \"%s\" in \"%s\"", where, got, pp_error_detail());
+}
+
 /* tp and ep: defaults, the file, flags over the file, ep alone setting tp, and errors that name
  * the file and line or the flag, the key, what is allowed and what arrived. */
 static void test_stage_degrees(void **state)
@@ -88,29 +111,9 @@ static void test_stage_degrees(void **state)
     assert_non_null(strstr(pp_error_detail(), "--tp"));
     assert_non_null(strstr(pp_error_detail(), "key 'tp'"));
     assert_non_null(strstr(pp_error_detail(), "got '65'"));
-    char path[] = "/tmp/pp_test_stage_degrees_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    fprintf(f, "coordinator = \"127.0.0.1:7000\";\n\nep = -1;\n");
-    fclose(f);
-    pp_stage_config_defaults(&c);
-    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
-                     PP_ERR_INVALID_ARG);
-    char where[PATH_MAX + 8];
-    snprintf(where, sizeof(where), "%s:3", path);
-    assert_non_null(strstr(pp_error_detail(), where));
-    assert_non_null(strstr(pp_error_detail(), "key 'ep'"));
-    assert_non_null(strstr(pp_error_detail(), "got -1"));
-    f = fopen(path, "w");
-    fprintf(f, "tp = \"two\";\n");
-    fclose(f);
-    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
-                     PP_ERR_INVALID_ARG);
-    snprintf(where, sizeof(where), "%s:1", path);
-    assert_non_null(strstr(pp_error_detail(), where));
-    assert_non_null(strstr(pp_error_detail(), "key 'tp'"));
-    unlink(path);
+    expect_stage_file_error("coordinator = \"127.0.0.1:7000\";\n\nep = -1;\n", 3, "key 'ep'",
+                            "got -1");
+    expect_stage_file_error("tp = \"two\";\n", 1, "key 'tp'", "got a value of another type");
 }
 
 /* devices: the documented default, a GPU list setting tp, and errors naming the file and line or
@@ -149,21 +152,8 @@ static void test_stage_devices(void **state)
         assert_non_null(strstr(pp_error_detail(), got));
         assert_string_equal(c.devices, "auto"); /* a refused value is not stored */
     }
-    char path[] = "/tmp/pp_test_stage_devices_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    fprintf(f, "threads = 2;\n# GPUs\ndevices = \"gpu:0\";\n");
-    fclose(f);
-    pp_stage_config_defaults(&c);
-    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
-                     PP_ERR_INVALID_ARG);
-    char where[PATH_MAX + 32];
-    snprintf(where, sizeof(where), "%s:3: key 'devices': expected \"auto\", \"cpu\" or", path);
-    if (!strstr(pp_error_detail(), where))
-        fail_msg("expected \"%s\" in \"%s\"", where, pp_error_detail());
-    assert_non_null(strstr(pp_error_detail(), "got 'gpu:0'"));
-    unlink(path);
+    expect_stage_file_error("threads = 2;\n# GPUs\ndevices = \"gpu:0\";\n", 3,
+                            "key 'devices': expected \"auto\", \"cpu\" or", "got 'gpu:0'");
 }
 
 static void test_coordinator_cfg(void **state)
