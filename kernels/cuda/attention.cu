@@ -29,7 +29,6 @@
 /* The geometry every attention kernel needs, passed by value. */
 struct attn_args {
     const float *pool;
-    const int64_t *row_base; /* unused here; kept with the batch */
     const struct pp_cuda_seq *seqs;
     const int32_t *bt;
     const int32_t *row_seq;
@@ -460,7 +459,7 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
     const char *d = (const char *)pp__cuda_upload(c, PP_CUDA_SLOT_PLAN, blob, bytes);
     if (!d)
         return;
-    struct attn_args a = {kv->pool, b.row_base, b.seqs, b.bt, b.row_seq, b.row_pos, layer,
+    struct attn_args a = {kv->pool, b.seqs, b.bt, b.row_seq, b.row_pos, layer,
                           kv->n_layers, kv->block_size, kv->kv_dim, kv->block_elems, H, KH, hd,
                           shape->sliding_window, shape->scale};
     if (n_dec > 0) {
