@@ -22,6 +22,7 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/device.h"
 #include "model/executor.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 
 #define LAYERS 4
@@ -275,8 +276,10 @@ static void release(struct pp_executor *ex, int batch, uint64_t base)
         pp_executor_release(ex, base + (uint64_t)i);
 }
 
-/* Seconds per decode step of `batch` sequences holding DECODE_CONTEXT tokens. */
-static double decode(struct pp_executor *ex, int batch, float *logits, int64_t *kv_bytes)
+/* Seconds per decode step of `batch` sequences holding DECODE_CONTEXT tokens; *kv_bytes: the K
+ * and V a step reads and writes, kv_pos_bytes per position. */
+static double decode(struct pp_executor *ex, int batch, float *logits, int64_t kv_pos_bytes,
+                     int64_t *kv_bytes)
 {
     uint64_t base = 1000;
     prefill(ex, batch, DECODE_CONTEXT, base, logits);
@@ -293,8 +296,8 @@ static double decode(struct pp_executor *ex, int batch, float *logits, int64_t *
         double dt = pp_clock_mono() - t0;
         if (step >= 3 && dt < best) {
             best = dt;
-            /* K and V of every position seen (read) plus this one (written), 4 layers */
-            *kv_bytes = (int64_t)batch * (DECODE_CONTEXT + step + 1) * LAYERS * 2 * 1024 * 4;
+            /* K and V of every position seen (read) plus this one (written) */
+            *kv_bytes = (int64_t)batch * (DECODE_CONTEXT + step + 1) * kv_pos_bytes;
         }
     }
     release(ex, batch, base);
@@ -344,11 +347,14 @@ int main(int argc, char **argv)
     eo.max_batch_tokens = PREFILL_TOKENS;
     eo.max_seqs = 33;
     eo.max_context = PREFILL_TOKENS + 64;
-    int64_t per_seq_blocks = (eo.max_context + 15) / 16;
-    eo.kv_budget_bytes = 33 * per_seq_blocks * (int64_t)LAYERS * 2 * 16 * 1024 * 4;
+    const struct pp_model_config *c = &m.cfg;
+    int64_t kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    eo.kv_block_size = 16;
+    eo.kv_budget_bytes = 33 * (int64_t)((eo.max_context + 15) / 16) *
+                         pp_kv_block_bytes(LAYERS, (int32_t)kv_dim, 16);
     struct pp_executor *ex = NULL;
     CKP("executor", pp_executor_new(&m, be, &eo, &ex));
-    float *logits = malloc((size_t)32 * m.cfg.vocab_size * sizeof(float));
+    float *logits = malloc((size_t)32 * c->vocab_size * sizeof(float));
     if (!logits)
         return 1;
 
@@ -357,8 +363,9 @@ int main(int argc, char **argv)
     const int batch[2] = {1, 32};
     for (int i = 0; i < 2; i++) {
         int64_t kv_bytes = 0;
-        double dt = decode(ex, batch[i], logits, &kv_bytes);
-        double bytes = (double)weight_bytes + (double)kv_bytes + batch[i] * 4096.0 * 2;
+        double dt = decode(ex, batch[i], logits, pp_kv_block_bytes(LAYERS, (int32_t)kv_dim, 1),
+                           &kv_bytes);
+        double bytes = (double)weight_bytes + (double)kv_bytes + batch[i] * (double)c->dim * 2;
         f.decode_ms[i] = dt * 1e3;
         f.decode_tok_s[i] = batch[i] / dt;
         f.decode_gbps[i] = bytes / dt / 1e9;
@@ -371,10 +378,11 @@ int main(int argc, char **argv)
 
     /* prefill: 2 x params x tokens for the matmuls, 4 x heads x head_dim x (causal pairs) for the
      * attention, and one LM-head row */
-    double layer_params = (double)(weight_bytes - (int64_t)m.cfg.vocab_size * 4096 * 2) / 2;
+    double head_params = (double)c->vocab_size * c->dim;
+    double layer_params = (double)weight_bytes / 2 - head_params;
     double pairs = (double)PREFILL_TOKENS * (PREFILL_TOKENS + 1) / 2;
-    double flops = 2.0 * layer_params * PREFILL_TOKENS + 4.0 * 32 * 128 * pairs * LAYERS +
-                   2.0 * m.cfg.vocab_size * 4096.0;
+    double flops = 2.0 * layer_params * PREFILL_TOKENS +
+                   4.0 * c->n_heads * c->head_dim * pairs * LAYERS + 2.0 * head_params;
     double best = 1e30;
     for (int rep = 0; rep < 4; rep++) {
         double t0 = pp_clock_mono();
