@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "common/json_write.h"
 #include "common/log.h"
+#include "kernels/devices.h"
 #include "model/executor.h"
 #include "model/generate.h"
 #include "model/model.h"
@@ -26,6 +27,7 @@ struct run_opts {
     int32_t tp;
     int32_t ep;
     int32_t ctx;
+    const char *device;
     const char *dump_logits;
     const char *log_level;
     int json;
@@ -167,6 +169,7 @@ int pp_cmd_run(int argc, char **argv)
     o.threads = ncpu > 0 ? (int32_t)ncpu : 1;
     o.tp = 1;
     o.ep = 0;
+    o.device = "auto";
     struct pp_arg args[] = {
         {"model", PP_ARG_STRING, &o.model, 0, 0, "GGUF file or HF checkpoint directory (required)"},
         {"prompt", PP_ARG_STRING, &o.prompt, 0, 0, "prompt text (needs the model's tokenizer)"},
@@ -178,6 +181,9 @@ int pp_cmd_run(int argc, char **argv)
          "tensor-parallel workers, each with threads/tp threads (default 1; --ep alone sets it)"},
         {"ep", PP_ARG_INT, &o.ep, 1, 64, "expert groups among the workers (MoE models; divides tp)"},
         {"ctx", PP_ARG_INT, &o.ctx, 1, 1 << 24, "context length (default: the model's)"},
+        {"device", PP_ARG_STRING, &o.device, 0, 0,
+         "auto | cpu | cuda:N[,N...] (default auto: the GPUs when present, else the CPU; a GPU "
+         "list sets --tp to its length)"},
         {"dump-logits", PP_ARG_STRING, &o.dump_logits, 0, 0, "write f32 logits per generated token"},
         {"json", PP_ARG_FLAG, &o.json, 0, 0, "print one JSON line instead of streaming text"},
         {"log-level", PP_ARG_STRING, &o.log_level, 0, 0, "debug|info|warn|error (default warn)"},
@@ -207,7 +213,27 @@ int pp_cmd_run(int argc, char **argv)
     int tp_given = pp_args_seen(args, n, "tp");
     if (o.ep > 0 && !tp_given)
         o.tp = o.ep; /* --ep E alone: pure expert parallelism over E workers */
-    pp_status st = pp_model_open(o.model, 0, -1, &m);
+    struct pp_device_spec want, use;
+    if (pp_device_spec_parse(o.device, &want) != PP_OK) {
+        fprintf(stderr, "ppserve run: --device: %s\n", pp_error_detail());
+        pp_id_list_free(&o.prompt_ids);
+        return 2;
+    }
+    if (want.kind == PP_DEVICE_CUDA && !tp_given && o.ep == 0)
+        o.tp = want.n; /* one worker per listed GPU */
+    char note[512];
+    pp_status st = pp_devices_resolve(&want, o.tp, &use, note, sizeof(note));
+    if (st != PP_OK) {
+        rc = pp_cli_fail("run", st);
+        goto done;
+    }
+    char used[1024];
+    pp_device_spec_format(&use, used, sizeof(used));
+    if (note[0])
+        PP_INFO("device=%s requested=%s reason=\"no GPU is used: %s\"", used, o.device, note);
+    else
+        PP_INFO("device=%s requested=%s", used, o.device);
+    st = pp_model_open(o.model, 0, -1, &m);
     if (st != PP_OK) {
         rc = pp_cli_fail("run", st);
         goto done;
@@ -222,16 +248,16 @@ int pp_cmd_run(int argc, char **argv)
         tok = NULL;
     }
     if ((st = pp_shard_check(&m->cfg, o.tp, o.ep > 0 ? o.ep : 1, o.model)) != PP_OK ||
-        (st = pp_backend_cpu_new_workers(o.threads, o.tp, bes)) != PP_OK) {
+        (st = pp_backends_new(&use, o.threads, o.tp, bes)) != PP_OK) {
         rc = pp_cli_fail("run", st);
         goto done;
     }
-    if (o.tp > o.threads)
+    if (use.kind == PP_DEVICE_CPU && o.tp > o.threads)
         PP_WARN("--tp %d with %d threads: each worker still runs one thread, so %d threads share "
                 "the cores", o.tp, o.threads, o.tp);
-    PP_INFO("model=%s arch=%s layers=%d dim=%d vocab=%d threads=%d tp=%d ep=%d", o.model,
-            pp_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.dim, m->cfg.vocab_size, o.threads,
-            o.tp, o.ep > 0 ? o.ep : 1);
+    PP_INFO("model=%s arch=%s layers=%d dim=%d vocab=%d device=%s threads=%d tp=%d ep=%d",
+            o.model, pp_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.dim, m->cfg.vocab_size,
+            used, o.threads, o.tp, o.ep > 0 ? o.ep : 1);
     rc = generate(&o, m, tok, bes);
 done:
     pp_backend_free_all(bes, 64);

@@ -80,6 +80,9 @@ static pp_status store_text(const struct pp_cfg_key *k, void *dest, const char *
     case PP_CFG_STRING:
         if (strlen(text) >= PP_CFG_STR_MAX)
             return bad(k, where, "a longer string");
+        if (k->check && k->check(text) != PP_OK)
+            return pp_error(PP_ERR_INVALID_ARG, "%s: key '%s': %s", where, k->name,
+                            pp_error_detail());
         snprintf(p, PP_CFG_STR_MAX, "%s", text);
         return PP_OK;
     case PP_CFG_INTS: {

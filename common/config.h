@@ -32,6 +32,10 @@ struct pp_cfg_key {
     double min;
     double max;
     const char *help;
+    /* PP_CFG_STRING only, may be NULL: validates a value as it is read (from a file or a flag);
+     * returns PP_OK, or an error whose detail says what was expected and what arrived (the loader
+     * adds the file and line or the flag, and the key). */
+    pp_status (*check)(const char *value);
 };
 
 /* Reads path into the struct at dest (keys not in the file keep their current values, so set

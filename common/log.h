@@ -3,6 +3,10 @@
 #ifndef PP_LOG_H
 #define PP_LOG_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum pp_log_level { PP_LOG_DEBUG = 0, PP_LOG_INFO, PP_LOG_WARN, PP_LOG_ERROR, PP_LOG_OFF };
 
 /* Set once at start-up, before threads exist. role appears in every line ("run", "stage1"). */
@@ -23,5 +27,9 @@ void pp_log_write(enum pp_log_level level, const char *file, int line, const cha
 #define PP_INFO(...) PP_LOG(PP_LOG_INFO, __VA_ARGS__)
 #define PP_WARN(...) PP_LOG(PP_LOG_WARN, __VA_ARGS__)
 #define PP_ERROR(...) PP_LOG(PP_LOG_ERROR, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

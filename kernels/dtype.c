@@ -127,3 +127,34 @@ void pp_quantize_q8_0(void *dst, const float *src, int64_t n)
         }
     }
 }
+
+int pp_convert_range(void *dst, enum pp_dtype dst_t, const void *src, enum pp_dtype src_t,
+                     int64_t first, int64_t n)
+{
+    if (n < 0 || first < 0)
+        return -1;
+    if (dst_t == src_t && dst_t != PP_DTYPE_Q8_0) {
+        size_t elem = dst_t == PP_DTYPE_F32 ? 4 : 2;
+        memcpy(dst, (const char *)src + (size_t)first * elem, (size_t)n * elem);
+        return 0;
+    }
+    if (dst_t != PP_DTYPE_BF16)
+        return -1;
+    uint16_t *out = dst;
+    if (src_t == PP_DTYPE_F32) {
+        const float *s = (const float *)src + first;
+        for (int64_t i = 0; i < n; i++)
+            out[i] = pp_f32_to_bf16(s[i]);
+        return 0;
+    }
+    if (src_t != PP_DTYPE_Q8_0 || first % PP_Q8_0_BLOCK != 0 || n % PP_Q8_0_BLOCK != 0)
+        return -1;
+    const uint8_t *b = (const uint8_t *)src + (first / PP_Q8_0_BLOCK) * PP_Q8_0_BYTES;
+    float block[PP_Q8_0_BLOCK];
+    for (int64_t i = 0; i < n; i += PP_Q8_0_BLOCK, b += PP_Q8_0_BYTES) {
+        pp_row_to_f32(block, b, PP_DTYPE_Q8_0, PP_Q8_0_BLOCK);
+        for (int j = 0; j < PP_Q8_0_BLOCK; j++)
+            out[i + j] = pp_f32_to_bf16(block[j]);
+    }
+    return 0;
+}

@@ -7,6 +7,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum pp_dtype {
     PP_DTYPE_F32 = 0,
     PP_DTYPE_F16,
@@ -51,8 +55,19 @@ uint16_t pp_f32_to_f16(float f);
 /* Converts n elements of a row stored as t into f32 (Q8_0: n a multiple of 32). */
 void pp_row_to_f32(float *dst, const void *src, enum pp_dtype t, int64_t n);
 
+/* dst[n] as dst_t = elements [first, first + n) of a tensor stored as src_t, for loading weights
+ * onto a device: the same type is copied (f32, f16, bf16); f32 and Q8_0 become bf16 (Q8_0 values
+ * exactly as pp_row_to_f32 gives them, then rounded to nearest even; Q8_0 ranges in whole 32-value
+ * blocks). Returns 0, or -1 for another pair of types or a misaligned Q8_0 range. */
+int pp_convert_range(void *dst, enum pp_dtype dst_t, const void *src, enum pp_dtype src_t,
+                     int64_t first, int64_t n);
+
 /* Quantizes n f32 values (a multiple of 32) to Q8_0 blocks: d = max|x|/127 stored as f16,
  * q = round(x/d). */
 void pp_quantize_q8_0(void *dst, const float *src, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -15,18 +15,26 @@ static void *scratch(int64_t n, size_t elem)
     return pp_alloc_aligned(PP_MEM_ACTIVATIONS, (size_t)n * elem);
 }
 
-static void worker_free(struct pp_exec_worker *w)
+/* The worker's buffers in its backend's memory, in one table for allocation and release. */
+#define WORKER_BUFS(w)                                                                             \
+    {&(w)->x, &(w)->xb, &(w)->q, &(w)->k, &(w)->v, &(w)->att, &(w)->gate, &(w)->up, &(w)->logits,  \
+     &(w)->moe_out}
+
+static void worker_free(struct pp_executor *ex, struct pp_exec_worker *w)
 {
-    float *bufs[] = {w->x, w->xb, w->q, w->k, w->v, w->att, w->gate, w->up, w->logits};
+    struct pp_backend *be = w->be;
+    if (!be)
+        return;
+    float **bufs[] = WORKER_BUFS(w);
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        pp_free(PP_MEM_ACTIVATIONS, bufs[i]);
-    pp_free(PP_MEM_KV, w->kv_pool);
+        be->ops->buf_free(be, PP_MEM_ACTIVATIONS, *bufs[i]);
+    be->ops->buf_free(be, PP_MEM_KV, w->kv_pool);
     pp_moe_scratch_free(w->moe);
-    pp_free(PP_MEM_ACTIVATIONS, w->moe_out);
+    pp__exec_weights_free(ex, w);
     pp_shard_free(w->shard);
 }
 
-/* Worker r's shard, KV view and scratch for T rows. */
+/* Worker r's shard, weights, KV pool and scratch for T rows, in its backend's memory. */
 static pp_status worker_init(struct pp_executor *ex, struct pp_exec_worker *w, int32_t rank,
                              struct pp_backend *be)
 {
@@ -35,40 +43,33 @@ static pp_status worker_init(struct pp_executor *ex, struct pp_exec_worker *w, i
     w->rank = rank;
     w->be = be;
     pp_status st = pp_shard_new(m, ex->n_workers, ex->ep, rank, &w->shard);
-    if (st != PP_OK)
+    if (st != PP_OK || (st = pp__exec_weights_load(ex, w)) != PP_OK)
         return st;
     const struct pp_shard *s = w->shard;
     w->kv = ex->kv->view;
-    if (rank > 0) {
-        int64_t bytes = (int64_t)ex->kv->n_blocks *
-                        pp_kv_block_bytes(w->kv.n_layers, w->kv.kv_dim, w->kv.block_size);
-        if (!(w->kv_pool = pp_alloc_aligned(PP_MEM_KV, (size_t)bytes)))
-            return pp_error(PP_ERR_NOMEM, "executor: no memory for worker %d's KV (%lld bytes)",
-                            rank, (long long)bytes);
-        w->kv.pool = w->kv_pool;
-    }
+    int64_t pool_bytes = (int64_t)ex->kv->n_blocks *
+                         pp_kv_block_bytes(w->kv.n_layers, w->kv.kv_dim, w->kv.block_size);
+    if ((st = be->ops->buf_alloc(be, PP_MEM_KV, pool_bytes, (void **)&w->kv_pool)) != PP_OK)
+        return pp_error(st, "executor: no memory for worker %d's KV (%lld bytes): %s", rank,
+                        (long long)pool_bytes, pp_error_detail());
+    w->kv.pool = w->kv_pool;
     int64_t T = ex->max_rows, q_dim = (int64_t)s->n_heads * c->head_dim;
     int64_t kv_dim = (int64_t)s->n_kv_heads * c->head_dim;
-    w->x = scratch(T * c->dim, sizeof(float));
-    w->xb = scratch(T * c->dim, sizeof(float));
-    w->q = scratch(T * q_dim, sizeof(float));
-    w->k = scratch(T * kv_dim, sizeof(float));
-    w->v = scratch(T * kv_dim, sizeof(float));
-    w->att = scratch(T * q_dim, sizeof(float));
-    w->gate = scratch(T * s->ffn_dim, sizeof(float));
-    w->up = scratch(T * s->ffn_dim, sizeof(float));
-    if (ex->n_workers > 1 && m->has_head)
-        w->logits = scratch((int64_t)PP_EXEC_HEAD_ROWS * s->n_vocab, sizeof(float));
-    if (!w->x || !w->xb || !w->q || !w->k || !w->v || !w->att || !w->gate || !w->up ||
-        (ex->n_workers > 1 && m->has_head && !w->logits))
-        return pp_error(PP_ERR_NOMEM, "executor: no memory for worker %d's %lld-row scratch", rank,
-                        (long long)T);
-    if (c->n_experts > 0) {
-        if (!(w->moe_out = scratch(T * c->dim, sizeof(float))))
-            return pp_error(PP_ERR_NOMEM, "executor: no memory for worker %d's MoE output", rank);
-        if ((st = pp_moe_scratch_new(c, T, s->moe_ffn_rows, &w->moe)) != PP_OK)
-            return st;
-    }
+    /* the head's logits pass through scratch when the worker writes only a slice of each row, or
+     * when its backend's memory is not the caller's */
+    int64_t head = m->has_head && (ex->n_workers > 1 || !be->host_memory)
+                       ? (int64_t)PP_EXEC_HEAD_ROWS * s->n_vocab : 0;
+    int64_t sizes[] = {T * c->dim, T * c->dim, T * q_dim, T * kv_dim, T * kv_dim, T * q_dim,
+                       T * s->ffn_dim, T * s->ffn_dim, head, c->n_experts > 0 ? T * c->dim : 0};
+    float **bufs[] = WORKER_BUFS(w);
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        if (sizes[i] > 0 && (st = be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS,
+                                                     sizes[i] * (int64_t)sizeof(float),
+                                                     (void **)bufs[i])) != PP_OK)
+            return pp_error(st, "executor: no memory for worker %d's %lld-row scratch: %s", rank,
+                            (long long)T, pp_error_detail());
+    if (c->n_experts > 0 && (st = pp_moe_scratch_new(be, c, T, s->moe_ffn_rows, &w->moe)) != PP_OK)
+        return st;
     int64_t max_cols = c->dim;
     if (q_dim > max_cols)
         max_cols = q_dim;
@@ -77,6 +78,28 @@ static pp_status worker_init(struct pp_executor *ex, struct pp_exec_worker *w, i
     if (s->moe_ffn_rows > max_cols)
         max_cols = s->moe_ffn_rows;
     return be->ops->reserve(be, max_cols, ex->max_context);
+}
+
+/* The workers' communicator: shared memory among CPU workers, NCCL among GPUs (one per worker). */
+static pp_status comm_new(struct pp_backend *const *bes, int32_t n, struct pp_comm **out)
+{
+    int host = bes[0]->host_memory;
+    for (int32_t r = 1; r < n; r++)
+        if (bes[r]->host_memory != host)
+            return pp_error(PP_ERR_INVALID_ARG, "executor: worker %d runs on %s but worker 0 on "
+                            "%s: a stage's workers must share one kind of backend", r,
+                            bes[r]->name, bes[0]->name);
+    if (host)
+        return pp_comm_cpu_new(n, out);
+#ifdef PP_HAVE_CUDA
+    int devices[64];
+    for (int32_t r = 0; r < n; r++)
+        devices[r] = bes[r]->device;
+    return pp_comm_nccl_new(n, devices, out);
+#else
+    return pp_error(PP_ERR_UNSUPPORTED, "executor: %d %s workers need a device communicator, and "
+                    "this build has none", n, bes[0]->name);
+#endif
 }
 
 pp_status pp_executor_new(const struct pp_model *m, struct pp_backend *be,
@@ -125,8 +148,9 @@ pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *c
     ex->n_workers = n_workers;
     ex->ep = o.ep;
     int64_t T = ex->max_rows;
-    if ((st = pp_kv_cache_new(n_layers, kv_dim, o.kv_block_size, o.kv_budget_bytes / n_workers,
-                              o.max_seqs, o.max_context, &ex->kv)) != PP_OK ||
+    if ((st = pp_kv_cache_new_tables(n_layers, kv_dim, o.kv_block_size,
+                                     o.kv_budget_bytes / n_workers, o.max_seqs, o.max_context,
+                                     &ex->kv)) != PP_OK ||
         !(ex->workers = pp_calloc(PP_MEM_MISC, (size_t)n_workers, sizeof(*ex->workers))) ||
         !(ex->pos = scratch(T, sizeof(int32_t))) ||
         !(ex->aseqs = scratch(T, sizeof(struct pp_attn_seq))) ||
@@ -142,7 +166,7 @@ pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *c
             pp_executor_free(ex);
             return st;
         }
-    if (n_workers > 1 && ((st = pp_comm_cpu_new(n_workers, &ex->comm)) != PP_OK ||
+    if (n_workers > 1 && ((st = comm_new(bes, n_workers, &ex->comm)) != PP_OK ||
                           (st = pp_threadpool_new(n_workers, &ex->pool)) != PP_OK)) {
         pp_executor_free(ex);
         return st;
@@ -159,7 +183,7 @@ void pp_executor_free(struct pp_executor *ex)
     pp_comm_free(ex->comm);
     if (ex->workers)
         for (int32_t r = 0; r < ex->n_workers; r++)
-            worker_free(&ex->workers[r]);
+            worker_free(ex, &ex->workers[r]);
     pp_free(PP_MEM_MISC, ex->workers);
     pp_kv_cache_free(ex->kv);
     pp_free(PP_MEM_ACTIVATIONS, ex->pos);

@@ -8,9 +8,9 @@ int64_t pp_kv_block_bytes(int32_t n_layers, int32_t kv_dim, int32_t block_size)
     return (int64_t)n_layers * 2 * block_size * kv_dim * (int64_t)sizeof(float);
 }
 
-pp_status pp_kv_cache_new(int32_t n_layers, int32_t kv_dim, int32_t block_size,
-                          int64_t budget_bytes, int32_t max_seqs, int32_t max_context,
-                          struct pp_kv_cache **out)
+static pp_status cache_new(int32_t n_layers, int32_t kv_dim, int32_t block_size,
+                           int64_t budget_bytes, int32_t max_seqs, int32_t max_context,
+                           int with_pool, struct pp_kv_cache **out)
 {
     if (n_layers < 1 || kv_dim < 1 || block_size < 1 || max_seqs < 1 || max_context < 1)
         return pp_error(PP_ERR_INVALID_ARG, "kv cache: layers, kv dim, block size, sequences and "
@@ -34,10 +34,11 @@ pp_status pp_kv_cache_new(int32_t n_layers, int32_t kv_dim, int32_t block_size,
     c->view.block_size = block_size;
     c->view.kv_dim = kv_dim;
     c->view.block_elems = (int64_t)block_size * kv_dim;
-    c->view.pool = pp_alloc_aligned(PP_MEM_KV, (size_t)(n_blocks * block_bytes));
+    if (with_pool)
+        c->view.pool = pp_alloc_aligned(PP_MEM_KV, (size_t)(n_blocks * block_bytes));
     c->free_list = pp_alloc(PP_MEM_MISC, (size_t)n_blocks * sizeof(int32_t));
     c->seqs = pp_calloc(PP_MEM_MISC, (size_t)max_seqs, sizeof(*c->seqs));
-    if (!c->view.pool || !c->free_list || !c->seqs) {
+    if ((with_pool && !c->view.pool) || !c->free_list || !c->seqs) {
         pp_kv_cache_free(c);
         return pp_error(PP_ERR_NOMEM, "kv cache: cannot allocate %lld blocks of %lld bytes",
                         (long long)n_blocks, (long long)block_bytes);
@@ -55,6 +56,20 @@ pp_status pp_kv_cache_new(int32_t n_layers, int32_t kv_dim, int32_t block_size,
     c->n_free = c->n_blocks;
     *out = c;
     return PP_OK;
+}
+
+pp_status pp_kv_cache_new(int32_t n_layers, int32_t kv_dim, int32_t block_size,
+                          int64_t budget_bytes, int32_t max_seqs, int32_t max_context,
+                          struct pp_kv_cache **out)
+{
+    return cache_new(n_layers, kv_dim, block_size, budget_bytes, max_seqs, max_context, 1, out);
+}
+
+pp_status pp_kv_cache_new_tables(int32_t n_layers, int32_t kv_dim, int32_t block_size,
+                                 int64_t budget_bytes, int32_t max_seqs, int32_t max_context,
+                                 struct pp_kv_cache **out)
+{
+    return cache_new(n_layers, kv_dim, block_size, budget_bytes, max_seqs, max_context, 0, out);
 }
 
 void pp_kv_cache_free(struct pp_kv_cache *c)

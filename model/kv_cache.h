@@ -36,6 +36,12 @@ int64_t pp_kv_block_bytes(int32_t n_layers, int32_t kv_dim, int32_t block_size);
 pp_status pp_kv_cache_new(int32_t n_layers, int32_t kv_dim, int32_t block_size,
                           int64_t budget_bytes, int32_t max_seqs, int32_t max_context,
                           struct pp_kv_cache **out);
+/* The same bookkeeping without a pool (view.pool NULL): the caller allocates n_blocks blocks of
+ * pp_kv_block_bytes where its kernels can reach them (the executor: in each worker's backend
+ * memory) and points its views at them. */
+pp_status pp_kv_cache_new_tables(int32_t n_layers, int32_t kv_dim, int32_t block_size,
+                                 int64_t budget_bytes, int32_t max_seqs, int32_t max_context,
+                                 struct pp_kv_cache **out);
 void pp_kv_cache_free(struct pp_kv_cache *c);
 
 /* The sequence with this id, or NULL. */

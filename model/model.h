@@ -59,6 +59,10 @@ struct pp_model {
     void **owned_copies;        /* weights realigned out of a misaligned file; freed with the model */
     int32_t n_owned;
     int32_t cap_owned;          /* entries allocated in owned_copies */
+    int resident;               /* 1: every weight and vector pointer above is already in the memory
+                                   of the backend that will run it (a benchmark's model generated
+                                   on the device, never one from pp_model_open): loads use them in
+                                   place */
 };
 
 /* Opens path (a .gguf file or an HF checkpoint directory) for layers [first, last); last < 0 means

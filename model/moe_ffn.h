@@ -18,11 +18,11 @@
 
 struct pp_moe_scratch; /* sized for max_rows tokens of a config */
 
-/* Scratch for up to max_rows tokens of config c, whose experts (and shared expert) have at most
+/* Scratch in be's memory (the backend pp_moe_ffn will run on) for up to max_rows tokens of config c, whose experts (and shared expert) have at most
  * max_ffn_rows gate/up rows each (<= 0: the larger of c's expert_ffn_dim and shared_ffn_dim, the
  * unsharded sizes). *out is freed with pp_moe_scratch_free. */
-pp_status pp_moe_scratch_new(const struct pp_model_config *c, int64_t max_rows,
-                             int32_t max_ffn_rows, struct pp_moe_scratch **out);
+pp_status pp_moe_scratch_new(struct pp_backend *be, const struct pp_model_config *c,
+                             int64_t max_rows, int32_t max_ffn_rows, struct pp_moe_scratch **out);
 void pp_moe_scratch_free(struct pp_moe_scratch *s); /* NULL-safe */
 
 /* out[T, dim] = this worker's part of the MoE FFN of x[T, dim] (already normalised): the router
@@ -31,9 +31,11 @@ void pp_moe_scratch_free(struct pp_moe_scratch *s); /* NULL-safe */
  * the weighted expert outputs of the tokens routed to them, plus the shared expert (if mw has one)
  * times its sigmoid gate. out is overwritten and must not alias x. T <= the scratch's max_rows.
  * expert_tokens[n_experts_total], when not NULL, is incremented by the number of tokens routed to
- * each expert (counted for ALL experts, held or not). */
-void pp_moe_ffn(struct pp_backend *be, const struct pp_model_config *c,
-                const struct pp_moe_weights *mw, const float *x, int64_t T, float *out,
-                struct pp_moe_scratch *s, int64_t *expert_tokens);
+ * each expert (counted for ALL experts, held or not). x, out and mw's weights are in be's memory
+ * (mw as the backend loaded it). Returns the backend's first error when the routing results could
+ * not be read back (device backends), PP_OK otherwise. */
+pp_status pp_moe_ffn(struct pp_backend *be, const struct pp_model_config *c,
+                     const struct pp_moe_weights *mw, const float *x, int64_t T, float *out,
+                     struct pp_moe_scratch *s, int64_t *expert_tokens);
 
 #endif

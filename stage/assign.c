@@ -1,8 +1,8 @@
 /* Assign and Release, the coordinator's control of a stage. Assign checks the request against this
  * host (the model name stays inside the model root, the copy there has the coordinator's identity,
  * the stage's tp/ep split the model, the layer range fits the model, the next hop matches the
- * range), drops the previous assignment, opens the model range with tp CPU worker backends (the
- * threads shared among them) and a tensor-parallel executor, and opens the outgoing hop. Loading
+ * range), drops the previous assignment, opens the model range with tp worker backends on the
+ * stage's devices (CPU shards sharing the threads, or one GPU each) and a tensor-parallel executor, and opens the outgoing hop. Loading
  * runs in the handler: the server has more than one thread, so other calls are answered meanwhile.
  * Release frees sequences' KV and token history. */
 #include <errno.h>
@@ -108,7 +108,7 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
     a->n_workers = s->tp;
     pp_status st = pp_model_open(path, m->first_layer, m->last_layer, &a->model);
     if (st == PP_OK)
-        st = pp_backend_cpu_new_workers((int)s->cfg.threads, a->n_workers, a->bes);
+        st = pp_backends_new(&s->devices, (int)s->cfg.threads, a->n_workers, a->bes);
     if (st == PP_OK) {
         struct pp_executor_opts eo = {0};
         eo.max_batch_tokens = a->max_batch_tokens;

@@ -136,6 +136,27 @@ static void shutdown_stage(struct pp_stage *s)
         PP_ERROR("shutdown: inbound streams still referenced (refs=%d)", left->refs);
 }
 
+/* The key `devices` on this host, before anything starts: an explicit GPU list that cannot be used
+ * stops the stage; "auto" without usable GPUs runs on the CPU and says why. */
+static pp_status resolve_devices(struct pp_stage *s)
+{
+    pp_stage_config_degrees(&s->cfg, &s->tp, &s->ep);
+    struct pp_device_spec want;
+    char note[512];
+    pp_status st = pp_device_spec_parse(s->cfg.devices, &want);
+    if (st == PP_OK)
+        st = pp_devices_resolve(&want, s->tp, &s->devices, note, sizeof(note));
+    if (st != PP_OK)
+        return st;
+    pp_device_spec_format(&s->devices, s->devices_used, sizeof(s->devices_used));
+    if (note[0])
+        PP_INFO("device=%s requested=%s reason=\"no GPU is used: %s\"", s->devices_used,
+                s->cfg.devices, note);
+    else
+        PP_INFO("device=%s requested=%s", s->devices_used, s->cfg.devices);
+    return PP_OK;
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -163,6 +184,11 @@ int main(int argc, char **argv)
         return 2;
     }
     pp_log_init("stage", (enum pp_log_level)pp_log_level_parse(s->cfg.log_level));
+    if (resolve_devices(s) != PP_OK) {
+        fprintf(stderr, "ppserve-stage: error: key 'devices': %s\n", pp_error_detail());
+        pp_free(PP_MEM_MISC, s);
+        return 1;
+    }
 
     /* signals are taken by sigwait in this thread only: block them before any thread starts */
     sigset_t sigs;
@@ -181,12 +207,13 @@ int main(int argc, char **argv)
     }
     s->serving_since = pp_clock_mono();
     PP_INFO("stage listening on %s", s->advertise);
-    pp_stage_config_degrees(&s->cfg, &s->tp, &s->ep);
-    PP_INFO("workers: tp=%d ep=%d threads=%lld", s->tp, s->ep, (long long)s->cfg.threads);
-    if (s->tp > s->cfg.threads)
+    PP_INFO("workers: tp=%d ep=%d threads=%lld devices=%s", s->tp, s->ep,
+            (long long)s->cfg.threads, s->devices_used);
+    if (s->devices.kind == PP_DEVICE_CPU && s->tp > s->cfg.threads)
         PP_WARN("tp %d with %lld threads: each worker still runs one thread, so %d threads share "
                 "the cores", s->tp, (long long)s->cfg.threads, s->tp);
-    if (pp_stage_probe((int)s->cfg.threads, s->tp, &s->weight_bytes_per_second) != PP_OK)
+    if (pp_stage_probe(&s->devices, (int)s->cfg.threads, s->tp, &s->weight_bytes_per_second) !=
+        PP_OK)
         PP_WARN("probe failed: %s (reporting speed 0)", pp_error_detail());
     if ((st = pp_stage_compute_start(s)) != PP_OK || (st = pp_stage_control_start(s)) != PP_OK) {
         PP_ERROR("%s", pp_error_detail());

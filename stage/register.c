@@ -55,14 +55,15 @@ static pp_status reconnect(struct pp_stage *s, struct pp_rpc_channel **ch)
 static pp_status register_once(struct pp_stage *s, struct pp_rpc_channel *ch)
 {
     uint64_t mem = physical_memory();
-    /* one device per worker: the CPU shards share the host's memory evenly */
+    /* one device per worker: a GPU's own memory, or the CPU shards' even share of the host's */
     Ppserve__V1__Device dev[PP_STAGE_MAX_WORKERS], *devs[PP_STAGE_MAX_WORKERS];
     char names[PP_STAGE_MAX_WORKERS][16];
     for (int r = 0; r < s->tp; r++) {
         ppserve__v1__device__init(&dev[r]);
-        snprintf(names[r], sizeof(names[r]), "cpu:%d", r);
+        int64_t dev_mem;
+        pp_devices_describe(&s->devices, r, names[r], sizeof(names[r]), &dev_mem);
         dev[r].name = names[r];
-        dev[r].memory_bytes = mem / (uint64_t)s->tp;
+        dev[r].memory_bytes = dev_mem >= 0 ? (uint64_t)dev_mem : mem / (uint64_t)s->tp;
         devs[r] = &dev[r];
     }
     Ppserve__V1__RegisterRequest req = PPSERVE__V1__REGISTER_REQUEST__INIT;

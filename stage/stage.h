@@ -32,6 +32,7 @@
 #include "common/rpc/health.h"
 #include "common/rpc/hop.h"
 #include "common/rpc/rpc.h"
+#include "kernels/devices.h"
 #include "model/executor.h"
 #include "model/identity.h"
 #include "model/sampler.h"
@@ -146,6 +147,8 @@ struct pp_stage {
     struct pp_stage_config cfg; /* immutable after start-up */
     char advertise[PP_CFG_STR_MAX + 16]; /* host:port as registered */
     int32_t tp, ep;                 /* the degrees it runs with (pp_stage_config_degrees) */
+    struct pp_device_spec devices;  /* the key `devices` resolved on this host: cpu or tp GPUs */
+    char devices_used[16 * PP_DEVICES_MAX]; /* devices as text ("cpu", "cuda:0,1") */
     double weight_bytes_per_second; /* from the probe, with tp workers */
     double serving_since;           /* monotonic seconds */
     struct pp_rpc_server *server;
@@ -205,7 +208,8 @@ pp_status pp_stage_error_wrap(pp_status st, const char *fmt, ...) __attribute__(
  * CPU backends sharing `threads` threads (pp_backend_cpu_new_workers), each computing its slice of
  * the weight's rows on its own thread, all at once (best of 5 after a warm-up); *bytes_per_second
  * = weight bytes / seconds until the last worker is done. */
-pp_status pp_stage_probe(int threads, int workers, double *bytes_per_second);
+pp_status pp_stage_probe(const struct pp_device_spec *devices, int threads, int workers,
+                         double *bytes_per_second);
 
 /* ---- register.c: the control thread ---- */
 pp_status pp_stage_control_start(struct pp_stage *s);

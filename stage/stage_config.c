@@ -6,9 +6,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kernels/devices.h"
 
 #define KEY(name, type, field, min, max, help)                                                     \
-    {name, type, offsetof(struct pp_stage_config, field), min, max, help}
+    {name, type, offsetof(struct pp_stage_config, field), min, max, help, NULL}
+#define CHECKED(name, field, check, help)                                                          \
+    {name, PP_CFG_STRING, offsetof(struct pp_stage_config, field), 0, 0, help, check}
 
 const struct pp_cfg_key pp_stage_config_keys[] = {
     KEY("coordinator", PP_CFG_STRING, coordinator, 0, 0, "host:port of the coordinator (required)"),
@@ -16,7 +19,10 @@ const struct pp_cfg_key pp_stage_config_keys[] = {
     KEY("advertise", PP_CFG_STRING, advertise, 0, 0, "host:port others reach this stage at"),
     KEY("model_root", PP_CFG_STRING, model_root, 0, 0, "folder models are loaded from"),
     KEY("threads", PP_CFG_INT, threads, 1, 1024, "compute threads, shared among the tp workers"),
-    KEY("tp", PP_CFG_INT, tp, 0, 64, "tensor-parallel workers (0 = 1, or ep when ep is set)"),
+    CHECKED("devices", devices, pp_device_spec_check,
+            "auto | cpu | cuda:N[,N...] (auto: the GPUs when present, else the CPU)"),
+    KEY("tp", PP_CFG_INT, tp, 0, 64,
+        "tensor-parallel workers (0 = 1, or ep when ep is set, or one per listed GPU)"),
     KEY("ep", PP_CFG_INT, ep, 0, 64, "expert groups among the workers, MoE models (0 = 1)"),
     KEY("kv_mb", PP_CFG_INT, kv_mb, 1, 1 << 24, "KV cache budget in MiB"),
     KEY("max_batch_tokens", PP_CFG_INT, max_batch_tokens, 1, 1 << 16, "rows computed together"),
@@ -33,6 +39,7 @@ void pp_stage_config_defaults(struct pp_stage_config *c)
     snprintf(c->listen, sizeof(c->listen), "0.0.0.0:7100");
     snprintf(c->model_root, sizeof(c->model_root), "/models");
     snprintf(c->log_level, sizeof(c->log_level), "info");
+    snprintf(c->devices, sizeof(c->devices), "auto");
     c->threads = 2;
     c->kv_mb = 1024;
     c->max_batch_tokens = 512;
@@ -52,16 +59,31 @@ pp_status pp_stage_config_check(const struct pp_stage_config *c)
     struct stat sb;
     if (stat(c->model_root, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return pp_error(PP_ERR_INVALID_ARG, "key 'model_root': '%s' is not a folder", c->model_root);
+    struct pp_device_spec dev;
+    if (pp_device_spec_parse(c->devices, &dev) != PP_OK)
+        return pp_error(PP_ERR_INVALID_ARG, "key 'devices': %s", pp_error_detail());
     int32_t tp, ep;
     pp_stage_config_degrees(c, &tp, &ep);
     if (tp % ep != 0)
         return pp_error(PP_ERR_INVALID_ARG, "key 'ep': expected a divisor of tp (%d), got %d", tp,
                         ep);
+    if (dev.kind == PP_DEVICE_CUDA && dev.n != tp)
+        return pp_error(PP_ERR_INVALID_ARG, "key 'devices': '%s' lists %d GPU%s, but tp is %d: "
+                        "expected one GPU per tensor-parallel worker", c->devices, dev.n,
+                        dev.n == 1 ? "" : "s", tp);
     return PP_OK;
 }
 
 void pp_stage_config_degrees(const struct pp_stage_config *c, int32_t *tp, int32_t *ep)
 {
+    struct pp_device_spec dev;
     *ep = c->ep > 0 ? (int32_t)c->ep : 1;
-    *tp = c->tp > 0 ? (int32_t)c->tp : c->ep > 0 ? (int32_t)c->ep : 1;
+    if (c->tp > 0)
+        *tp = (int32_t)c->tp;
+    else if (c->ep > 0)
+        *tp = (int32_t)c->ep;
+    else if (pp_device_spec_parse(c->devices, &dev) == PP_OK && dev.kind == PP_DEVICE_CUDA)
+        *tp = dev.n; /* one worker per listed GPU */
+    else
+        *tp = 1;
 }

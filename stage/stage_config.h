@@ -11,6 +11,7 @@ struct pp_stage_config {
     char advertise[PP_CFG_STR_MAX];   /* host:port others reach it at ("" = listen) */
     char model_root[PP_CFG_STR_MAX];  /* models are loaded only from below this folder */
     int64_t threads;                  /* compute threads, shared among the tp workers */
+    char devices[PP_CFG_STR_MAX];     /* "auto" | "cpu" | "cuda:N[,N...]" (kernels/devices.h) */
     int64_t tp;                       /* tensor-parallel workers; 0 = 1, or ep when ep is set */
     int64_t ep;                       /* expert groups among the workers (MoE); 0 = 1 */
     int64_t kv_mb;                    /* KV cache budget */
@@ -26,11 +27,13 @@ extern const int pp_stage_config_n_keys;
 
 void pp_stage_config_defaults(struct pp_stage_config *c);
 /* Checks what one key alone cannot: a coordinator address is given, log_level is known,
- * model_root is a folder, ep divides tp. */
+ * model_root is a folder, devices parses, ep divides tp, a GPU list has one GPU per tp worker.
+ * Whether the listed GPUs exist is checked at start-up (pp_devices_resolve). */
 pp_status pp_stage_config_check(const struct pp_stage_config *c);
 
 /* The degrees the stage runs with: tp workers (ep alone sets it: pure expert parallelism, as
- * `ppserve run --ep E`) in ep expert groups (at least 1). Whether the model can be split so is
+ * `ppserve run --ep E`; a GPU list alone sets it to one worker per GPU) in ep expert groups (at
+ * least 1). Whether the model can be split so is
  * checked per assignment (pp_shard_check). */
 void pp_stage_config_degrees(const struct pp_stage_config *c, int32_t *tp, int32_t *ep);
 

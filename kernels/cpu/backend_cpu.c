@@ -38,6 +38,17 @@ static pp_status cpu_reserve(struct pp_backend *be, int64_t max_cols, int64_t ma
 
 static const struct pp_backend_ops cpu_ops = {
     .reserve = cpu_reserve,
+    .buf_alloc = pp__cpu_buf_alloc,
+    .buf_free = pp__cpu_buf_free,
+    .copy_in = pp__cpu_copy,
+    .zero = pp__cpu_zero,
+    .copy = pp__cpu_copy,
+    .copy_out = pp__cpu_copy_out,
+    .sync = pp__cpu_sync,
+    .weight_load = pp__cpu_weight_load,
+    .weight_free = pp__cpu_weight_free,
+    .vec_load = pp__cpu_vec_load,
+    .vec_free = pp__cpu_vec_free,
     .matmul = pp__cpu_matmul,
     .rmsnorm = pp__cpu_rmsnorm,
     .rope = pp__cpu_rope,
@@ -46,7 +57,12 @@ static const struct pp_backend_ops cpu_ops = {
     .swiglu = pp__cpu_swiglu,
     .add = pp__cpu_add,
     .add_bias = pp__cpu_add_bias,
+    .add_gated = pp__cpu_add_gated,
     .embed = pp__cpu_embed,
+    .gather_rows = pp__cpu_gather_rows,
+    .scatter_add_rows = pp__cpu_scatter_add_rows,
+    .moe_route = pp__cpu_moe_route,
+    .topk = pp__cpu_topk,
     .free = cpu_free,
 };
 
@@ -75,6 +91,8 @@ pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out)
     }
     be->ops = &cpu_ops;
     be->name = "cpu";
+    be->device = -1;
+    be->host_memory = 1;
     be->impl = c;
     pp_status st = pp_threadpool_new(n_threads, &c->pool);
     if (st != PP_OK) {

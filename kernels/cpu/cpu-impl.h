@@ -89,5 +89,31 @@ void pp__cpu_add(struct pp_backend *be, float *y, const float *x, int64_t n);
 void pp__cpu_add_bias(struct pp_backend *be, float *y, const float *b, int64_t n, int64_t cols);
 void pp__cpu_embed(struct pp_backend *be, float *out, const struct pp_weight *w, const int32_t *ids,
                    int64_t n);
+void pp__cpu_add_gated(struct pp_backend *be, float *y, const float *x, const float *g, int64_t n,
+                       int64_t cols);
+void pp__cpu_gather_rows(struct pp_backend *be, float *dst, const float *src, const int32_t *rows,
+                         int64_t n, int64_t cols);
+void pp__cpu_scatter_add_rows(struct pp_backend *be, float *dst, const float *src,
+                              const int32_t *rows, const float *w, int64_t n, int64_t cols);
+void pp__cpu_moe_route(struct pp_backend *be, int32_t *pick, float *weight, float *logits,
+                       int64_t n, int32_t n_experts, int32_t k, enum pp_route_mode mode,
+                       int renormalise);
+pp_status pp__cpu_topk(struct pp_backend *be, int32_t *ids, float *vals, const float *logits,
+                       int64_t n, int64_t vocab, int32_t k);
+
+/* memory.c: host memory is the CPU backend's memory */
+pp_status pp__cpu_buf_alloc(struct pp_backend *be, enum pp_mem_category cat, int64_t bytes,
+                            void **out);
+void pp__cpu_buf_free(struct pp_backend *be, enum pp_mem_category cat, void *p);
+void pp__cpu_copy(struct pp_backend *be, void *dst, const void *src, int64_t bytes);
+void pp__cpu_zero(struct pp_backend *be, void *p, int64_t bytes);
+pp_status pp__cpu_copy_out(struct pp_backend *be, void *dst, const void *src, int64_t bytes);
+pp_status pp__cpu_sync(struct pp_backend *be);
+pp_status pp__cpu_weight_load(struct pp_backend *be, const struct pp_weight *w, int resident,
+                              struct pp_weight *out);
+void pp__cpu_weight_free(struct pp_backend *be, struct pp_weight *w);
+pp_status pp__cpu_vec_load(struct pp_backend *be, const float *v, int64_t n, int resident,
+                           const float **out);
+void pp__cpu_vec_free(struct pp_backend *be, const float *v);
 
 #endif

@@ -1,7 +1,9 @@
-/* Element-wise ops and the embedding gather. They involve no reduction, so any split is exact.
+/* Element-wise ops, the embedding gather and the row gather/scatter of the MoE FFN. They involve no
+ * reduction, so any split is exact.
  * swiglu (an expf per FFN element) is spread over the pool when a batch is large enough to pay
  * for it (prefill); the rest run on the calling thread. */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
 
@@ -53,4 +55,37 @@ void pp__cpu_embed(struct pp_backend *be, float *out, const struct pp_weight *w,
     for (int64_t t = 0; t < n; t++)
         pp_row_to_f32(out + t * w->cols, (const char *)w->data + ids[t] * row_bytes, w->dtype,
                       w->cols);
+}
+
+void pp__cpu_add_gated(struct pp_backend *be, float *y, const float *x, const float *g, int64_t n,
+                       int64_t cols)
+{
+    (void)be;
+    for (int64_t r = 0; r < n; r++) {
+        float sig = 1.0f / (1.0f + expf(-g[r]));
+        float *o = y + r * cols;
+        const float *v = x + r * cols;
+        for (int64_t i = 0; i < cols; i++)
+            o[i] += sig * v[i];
+    }
+}
+
+void pp__cpu_gather_rows(struct pp_backend *be, float *dst, const float *src, const int32_t *rows,
+                         int64_t n, int64_t cols)
+{
+    (void)be;
+    for (int64_t r = 0; r < n; r++)
+        memcpy(dst + r * cols, src + (int64_t)rows[r] * cols, (size_t)cols * sizeof(float));
+}
+
+void pp__cpu_scatter_add_rows(struct pp_backend *be, float *dst, const float *src,
+                              const int32_t *rows, const float *w, int64_t n, int64_t cols)
+{
+    (void)be;
+    for (int64_t r = 0; r < n; r++) {
+        float *o = dst + (int64_t)rows[r] * cols;
+        const float *v = src + r * cols;
+        for (int64_t i = 0; i < cols; i++)
+            o[i] += w[r] * v[i];
+    }
 }

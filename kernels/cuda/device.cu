@@ -27,7 +27,7 @@ extern "C" pp_status pp_cuda_device_query(int device, struct pp_cuda_device_info
     cudaError_t e = cudaGetDeviceProperties(&p, device);
     if (e != cudaSuccess)
         return pp_error(PP_ERR_UNSUPPORTED, "cuda:%d: %s", device, cudaGetErrorString(e));
-    snprintf(out->name, sizeof(out->name), "%s", p.name);
+    snprintf(out->name, sizeof(out->name), "%.*s", (int)sizeof(out->name) - 1, p.name);
     out->major = p.major;
     out->minor = p.minor;
     out->memory_bytes = (int64_t)p.totalGlobalMem;

@@ -809,6 +809,206 @@ static void test_attention_wide_window_is_full(void **state)
     backends_free(be);
 }
 
+/* --- rows, gated add, routing, top-k, memory ---------------------------------------------------------- */
+
+static void test_rows_and_gated_add(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 61;
+    enum { SRC = 9, COLS = 13, N = 11 };
+    float *src = rand_floats(&seed, SRC * COLS, -1, 1), *y = rand_floats(&seed, N * COLS, -1, 1);
+    float *w = rand_floats(&seed, N, -2, 2), *g = rand_floats(&seed, N, -6, 6);
+    int32_t rows[N] = {3, 0, 8, 3, 3, 1, 7, 2, 8, 5, 0}; /* repeats: added in list order */
+    float got[N * COLS], acc[SRC * COLS], ref[SRC * COLS];
+    be[0]->ops->gather_rows(be[0], got, src, rows, N, COLS);
+    for (int r = 0; r < N; r++)
+        assert_memory_equal(got + r * COLS, src + rows[r] * COLS, COLS * sizeof(float));
+    memcpy(acc, src, sizeof(acc));
+    memcpy(ref, src, sizeof(ref));
+    be[1]->ops->scatter_add_rows(be[1], acc, y, rows, w, N, COLS);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < COLS; c++)
+            ref[rows[r] * COLS + c] += w[r] * y[r * COLS + c];
+    assert_memory_equal(acc, ref, sizeof(acc));
+    /* y[r] += sigmoid(g[r]) * x[r], one rounding for the product and one for the sum */
+    float *x = rand_floats(&seed, N * COLS, -1, 1);
+    memcpy(got, y, sizeof(got));
+    be[2]->ops->add_gated(be[2], got, x, g, N, COLS);
+    for (int r = 0; r < N; r++) {
+        float sig = 1.0f / (1.0f + expf(-g[r]));
+        for (int c = 0; c < COLS; c++)
+            assert_true(got[r * COLS + c] == y[r * COLS + c] + sig * x[r * COLS + c]);
+    }
+    free(x);
+    free(src);
+    free(y);
+    free(w);
+    free(g);
+    backends_free(be);
+}
+
+/* Reference routing: probabilities in double, then the k best by (value desc, id asc). */
+static void route_ref(const float *lg, int n, int k, enum pp_route_mode mode, int renorm,
+                      int32_t *pick, double *weight)
+{
+    int32_t order[64];
+    double p[64];
+    for (int i = 0; i < n; i++) {
+        order[i] = i;
+        p[i] = lg[i];
+    }
+    if (mode == PP_ROUTE_SOFTMAX_TOPK) {
+        double m = p[0], sum = 0;
+        for (int i = 1; i < n; i++)
+            m = p[i] > m ? p[i] : m;
+        for (int i = 0; i < n; i++)
+            sum += (p[i] = exp(p[i] - m));
+        for (int i = 0; i < n; i++)
+            p[i] /= sum;
+    }
+    for (int a = 1; a < n; a++) /* stable insertion sort: ties keep the lower id first */
+        for (int b = a; b > 0 && p[order[b]] > p[order[b - 1]]; b--) {
+            int32_t t = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = t;
+        }
+    double sum = 0, m = p[order[0]], w[64];
+    for (int j = 0; j < k; j++)
+        sum += mode == PP_ROUTE_TOPK_SOFTMAX ? exp(p[order[j]] - m) : p[order[j]];
+    for (int i = 0; i < n; i++)
+        w[i] = -1; /* not picked */
+    for (int j = 0; j < k; j++) {
+        double v = mode == PP_ROUTE_TOPK_SOFTMAX ? exp(p[order[j]] - m) / sum : p[order[j]];
+        w[order[j]] = mode == PP_ROUTE_SOFTMAX_TOPK && renorm ? v / sum : v;
+    }
+    int j = 0; /* the picked experts by increasing id */
+    for (int i = 0; i < n; i++)
+        if (w[i] >= 0) {
+            pick[j] = i;
+            weight[j++] = w[i];
+        }
+}
+
+static void test_moe_route(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 71;
+    enum { T = 40, NE = 60, K = 4 };
+    for (int mode = 0; mode < 2; mode++)
+        for (int renorm = 0; renorm < 2; renorm++) {
+            float *lg = rand_floats(&seed, T * NE, -4, 4), *orig = malloc(sizeof(float) * T * NE);
+            memcpy(orig, lg, sizeof(float) * T * NE);
+            lg[5] = lg[6]; /* a tie: the lower id wins */
+            orig[5] = orig[6];
+            int32_t pick[T * K];
+            float w[T * K];
+            be[mode + renorm]->ops->moe_route(be[mode + renorm], pick, w, lg, T, NE, K,
+                                               (enum pp_route_mode)mode, renorm);
+            for (int t = 0; t < T; t++) {
+                int32_t rp[K];
+                double rw[K];
+                route_ref(orig + t * NE, NE, K, (enum pp_route_mode)mode, renorm, rp, rw);
+                assert_memory_equal(pick + t * K, rp, sizeof(rp));
+                for (int j = 0; j < K; j++)
+                    if (fabs(w[t * K + j] - rw[j]) > 1e-6 * fabs(rw[j]) + 1e-7)
+                        fail_msg("route mode %d renorm %d token %d: weight %d is %.9g, want %.9g",
+                                 mode, renorm, t, j, (double)w[t * K + j], rw[j]);
+            }
+            free(lg);
+            free(orig);
+        }
+    backends_free(be);
+}
+
+static void test_topk(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 81;
+    enum { N = 3, V = 500 };
+    float *x = rand_floats(&seed, N * V, -3, 3);
+    for (int i = 0; i < N * V; i++)
+        x[i] = floorf(x[i] * 2) / 2; /* coarse values: many ties */
+    x[7] = NAN;
+    x[V + 3] = INFINITY;
+    const int32_t ks[] = {1, 7, V};
+    for (int ki = 0; ki < 3; ki++) {
+        int32_t k = ks[ki], *ids = malloc(sizeof(int32_t) * N * k);
+        float *vals = malloc(sizeof(float) * N * k);
+        assert_int_equal(be[0]->ops->topk(be[0], ids, vals, x, N, V, k), PP_OK);
+        for (int r = 0; r < N; r++) {
+            const float *row = x + r * V;
+            for (int j = 0; j < k; j++) {
+                int32_t id = ids[r * k + j];
+                assert_true(id >= 0 && id < V);
+                assert_memory_equal(&vals[r * k + j], &row[id], sizeof(float));
+                /* exactly j elements rank before it: (value desc, id asc), NaN last */
+                int before = 0;
+                float kv = isnan(row[id]) ? -INFINITY : row[id];
+                for (int i = 0; i < V; i++) {
+                    float ki2 = isnan(row[i]) ? -INFINITY : row[i];
+                    before += ki2 > kv || (ki2 == kv && i < id);
+                }
+                assert_int_equal(before, j);
+            }
+        }
+        free(ids);
+        free(vals);
+    }
+    int32_t id;
+    float v;
+    assert_int_equal(be[0]->ops->topk(be[0], &id, &v, x, 1, V, 0), PP_ERR_INVALID_ARG);
+    assert_int_equal(be[0]->ops->topk(be[0], &id, &v, x, 1, V, V + 1), PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(pp_error_detail(), "expected 1 <= k <= vocab (500), got 501"));
+    free(x);
+    backends_free(be);
+}
+
+/* Backend memory of the CPU is host memory: buffers, copies and loads are the plain thing. */
+static void test_memory_ops(void **state)
+{
+    (void)state;
+    struct pp_backend *be;
+    assert_int_equal(pp_backend_cpu_new(1, &be), PP_OK);
+    assert_true(be->host_memory);
+    assert_int_equal(be->device, -1);
+    int64_t kv0 = pp_mem_live(PP_MEM_KV);
+    float *p = NULL;
+    assert_int_equal(be->ops->buf_alloc(be, PP_MEM_KV, 100 * sizeof(float), (void **)&p), PP_OK);
+    assert_int_equal((uintptr_t)p % 64, 0);
+    assert_true(pp_mem_live(PP_MEM_KV) >= kv0 + 400);
+    float src[100], back[100];
+    for (int i = 0; i < 100; i++)
+        src[i] = (float)i;
+    be->ops->copy_in(be, p, src, sizeof(src));
+    be->ops->copy(be, p + 50, p, 50 * sizeof(float));
+    be->ops->zero(be, p, 10 * sizeof(float));
+    assert_int_equal(be->ops->copy_out(be, back, p, sizeof(back)), PP_OK);
+    for (int i = 0; i < 100; i++)
+        assert_true(back[i] == (i < 10 ? 0.0f : i < 50 ? (float)i : (float)(i - 50)));
+    assert_int_equal(be->ops->sync(be), PP_OK);
+    be->ops->buf_free(be, PP_MEM_KV, p);
+    assert_int_equal(pp_mem_live(PP_MEM_KV), kv0);
+    /* the CPU computes from the caller's weights in place */
+    struct pp_weight w = {src, PP_DTYPE_F32, 10, 10}, out;
+    assert_int_equal(be->ops->weight_load(be, &w, 0, &out), PP_OK);
+    assert_ptr_equal(out.data, src);
+    const float *v = NULL;
+    assert_int_equal(be->ops->vec_load(be, src, 100, 0, &v), PP_OK);
+    assert_ptr_equal(v, src);
+    pp_alloc_fail_at(1);
+    assert_int_equal(be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS, 64, (void **)&p), PP_ERR_NOMEM);
+    pp_alloc_fail_at(0);
+    assert_null(p);
+    assert_non_null(strstr(pp_error_detail(), "no memory for 64 bytes"));
+    be->ops->free(be);
+}
+
 /* --- construction --------------------------------------------------------------------------------- */
 
 static void test_new_and_reserve_errors(void **state)
@@ -878,6 +1078,10 @@ int main(void)
         cmocka_unit_test(test_attention_sliding_window),
         cmocka_unit_test(test_attention_wide_window_is_full),
         cmocka_unit_test(test_attention_long_context),
+        cmocka_unit_test(test_rows_and_gated_add),
+        cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_topk),
+        cmocka_unit_test(test_memory_ops),
         cmocka_unit_test(test_new_and_reserve_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -293,6 +293,46 @@ static void test_row_to_f32(void **state)
         assert_true(out[i] == pp_bf16_to_f32(b[i]));
 }
 
+/* Loading onto a device: ranges of a tensor as 16-bit or f32, f32 and Q8_0 rounded to bf16. */
+static void test_convert_range(void **state)
+{
+    (void)state;
+    enum { N = 96 };
+    float f[N];
+    uint16_t h[N], b[N], out[N];
+    for (int i = 0; i < N; i++) {
+        f[i] = (float)(i - 40) * 0.37f + (i % 3 ? 1e-3f : 0.0f);
+        h[i] = pp_f32_to_f16(f[i]);
+        b[i] = pp_f32_to_bf16(f[i]);
+    }
+    /* the same type: a plain copy of [first, first + n) */
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_F16, h, PP_DTYPE_F16, 5, 20), 0);
+    assert_memory_equal(out, h + 5, 20 * sizeof(uint16_t));
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_BF16, b, PP_DTYPE_BF16, 0, N), 0);
+    assert_memory_equal(out, b, sizeof(b));
+    float fo[N];
+    assert_int_equal(pp_convert_range(fo, PP_DTYPE_F32, f, PP_DTYPE_F32, 3, 7), 0);
+    assert_memory_equal(fo, f + 3, 7 * sizeof(float));
+    /* f32 to bf16: round to nearest even, element by element */
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_BF16, f, PP_DTYPE_F32, 11, 50), 0);
+    assert_memory_equal(out, b + 11, 50 * sizeof(uint16_t));
+    /* Q8_0 to bf16: the exact Q8_0 values, rounded once; whole blocks only */
+    uint8_t q[3 * PP_Q8_0_BYTES];
+    pp_quantize_q8_0(q, f, N);
+    float deq[N];
+    pp_row_to_f32(deq, q, PP_DTYPE_Q8_0, N);
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_BF16, q, PP_DTYPE_Q8_0, 32, 64), 0);
+    for (int i = 0; i < 64; i++)
+        assert_int_equal(out[i], pp_f32_to_bf16(deq[32 + i]));
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_BF16, q, PP_DTYPE_Q8_0, 16, 32), -1);
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_BF16, q, PP_DTYPE_Q8_0, 0, 40), -1);
+    /* pairs a device never needs */
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_F16, f, PP_DTYPE_F32, 0, 4), -1);
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_BF16, h, PP_DTYPE_F16, 0, 4), -1);
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_Q8_0, q, PP_DTYPE_Q8_0, 0, 32), -1);
+    assert_int_equal(pp_convert_range(out, PP_DTYPE_BF16, f, PP_DTYPE_F32, -1, 4), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -305,6 +345,7 @@ int main(void)
         cmocka_unit_test(test_q8_0_error_bound),
         cmocka_unit_test(test_q8_0_zero_block),
         cmocka_unit_test(test_row_to_f32),
+        cmocka_unit_test(test_convert_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -240,18 +240,18 @@ static void test_moe_ffn_rows_counts_and_expert_split(void **state)
     float x[T * DIM], full[T * DIM], one[DIM], a[T * DIM], b[T * DIM];
     fill(x, T * DIM, 7);
     struct pp_moe_scratch *s;
-    assert_int_equal(pp_moe_scratch_new(c, T, 0, &s), PP_OK);
+    assert_int_equal(pp_moe_scratch_new(be, c, T, 0, &s), PP_OK);
     for (int32_t l = 0; l < 3; l++) {
         const struct pp_moe_weights *mw = m->layers[l].moe;
         assert_non_null(mw);
         assert_null(m->layers[l].w_gate.data);
         int64_t counts[8] = {0}, want[8] = {0}, ca[8] = {0}, cb[8] = {0};
-        pp_moe_ffn(be, c, mw, x, T, full, s, counts);
+        assert_int_equal(pp_moe_ffn(be, c, mw, x, T, full, s, counts), PP_OK);
         recount(c, &mw->router, x, T, want);
         assert_memory_equal(counts, want, sizeof(counts));
         /* each row alone gives the same bits */
         for (int64_t t = 0; t < T; t++) {
-            pp_moe_ffn(be, c, mw, x + t * DIM, 1, one, s, NULL);
+            assert_int_equal(pp_moe_ffn(be, c, mw, x + t * DIM, 1, one, s, NULL), PP_OK);
             assert_memory_equal(one, full + t * DIM, sizeof(one));
         }
         /* two workers: experts [0, 4) with the shared expert, [4, 8) without */
@@ -263,8 +263,8 @@ static void test_moe_ffn_rows_counts_and_expert_split(void **state)
         wb.up = mw->up + 4;
         wb.down = mw->down + 4;
         wb.shared_gate.data = NULL;
-        pp_moe_ffn(be, c, &wa, x, T, a, s, ca);
-        pp_moe_ffn(be, c, &wb, x, T, b, s, cb);
+        assert_int_equal(pp_moe_ffn(be, c, &wa, x, T, a, s, ca), PP_OK);
+        assert_int_equal(pp_moe_ffn(be, c, &wb, x, T, b, s, cb), PP_OK);
         assert_memory_equal(ca, counts, sizeof(counts));
         assert_memory_equal(cb, counts, sizeof(counts));
         for (int64_t i = 0; i < T * DIM; i++)

@@ -36,6 +36,29 @@ static void test_stage_cfg(void **state)
     assert_non_null(strstr(pp_error_detail(), "got 'loud'"));
 }
 
+/* Loading text as a stage configuration file fails with "FILE:line: " followed by key_phrase, and
+ * the message has got in it. */
+static void expect_stage_file_error(const char *text, int line, const char *key_phrase,
+                                    const char *got)
+{
+    char path[] = "/tmp/pp_test_stage_cfg_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    struct pp_stage_config c;
+    pp_stage_config_defaults(&c);
+    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
+                     PP_ERR_INVALID_ARG);
+    unlink(path);
+    char where[PATH_MAX + 256];
+    snprintf(where, sizeof(where), "%s:%d: %s", path, line, key_phrase);
+    if (!strstr(pp_error_detail(), where) || !strstr(pp_error_detail(), got))
+        fail_msg("expected \"%s\" and \"%s\" in \"%s\"", where, got, pp_error_detail());
+}
+
 /* tp and ep: defaults, the file, flags over the file, ep alone setting tp, and errors that name
  * the file and line or the flag, the key, what is allowed and what arrived. */
 static void test_stage_degrees(void **state)
@@ -88,29 +111,49 @@ static void test_stage_degrees(void **state)
     assert_non_null(strstr(pp_error_detail(), "--tp"));
     assert_non_null(strstr(pp_error_detail(), "key 'tp'"));
     assert_non_null(strstr(pp_error_detail(), "got '65'"));
-    char path[] = "/tmp/pp_test_stage_degrees_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    fprintf(f, "coordinator = \"127.0.0.1:7000\";\n\nep = -1;\n");
-    fclose(f);
+    expect_stage_file_error("coordinator = \"127.0.0.1:7000\";\n\nep = -1;\n", 3, "key 'ep'",
+                            "got -1");
+    expect_stage_file_error("tp = \"two\";\n", 1, "key 'tp'", "got a value of another type");
+}
+
+/* devices: the documented default, a GPU list setting tp, and errors naming the file and line or
+ * the flag, the key, what is allowed and what arrived. */
+static void test_stage_devices(void **state)
+{
+    (void)state;
+    struct pp_stage_config c;
+    int32_t tp, ep;
     pp_stage_config_defaults(&c);
-    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
-                     PP_ERR_INVALID_ARG);
-    char where[PATH_MAX + 8];
-    snprintf(where, sizeof(where), "%s:3", path);
-    assert_non_null(strstr(pp_error_detail(), where));
-    assert_non_null(strstr(pp_error_detail(), "key 'ep'"));
-    assert_non_null(strstr(pp_error_detail(), "got -1"));
-    f = fopen(path, "w");
-    fprintf(f, "tp = \"two\";\n");
-    fclose(f);
-    assert_int_equal(pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &c, path),
-                     PP_ERR_INVALID_ARG);
-    snprintf(where, sizeof(where), "%s:1", path);
-    assert_non_null(strstr(pp_error_detail(), where));
-    assert_non_null(strstr(pp_error_detail(), "key 'tp'"));
-    unlink(path);
+    char *base[] = {"--config", PP_SOURCE_DIR "/deploy/config/stage.cfg", "--model_root", "/tmp"};
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 4, base),
+                     PP_OK);
+    assert_string_equal(c.devices, "auto");
+
+    char *gpus[] = {"--coordinator", "h:1", "--model_root", "/tmp", "--devices", "cuda:1,0"};
+    pp_stage_config_defaults(&c);
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 6, gpus),
+                     PP_OK);
+    pp_stage_config_degrees(&c, &tp, &ep);
+    assert_int_equal(tp, 2); /* one worker per listed GPU */
+    assert_int_equal(pp_stage_config_check(&c), PP_OK);
+    c.tp = 4;
+    assert_int_equal(pp_stage_config_check(&c), PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(pp_error_detail(), "key 'devices': 'cuda:1,0' lists 2 GPUs, but tp is 4"));
+
+    const char *bad[] = {"gpu", "cuda:", "cuda:x", "cuda:0,0"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *flag[] = {"--devices", (char *)bad[i]};
+        pp_stage_config_defaults(&c);
+        assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 2,
+                                             flag), PP_ERR_INVALID_ARG);
+        assert_non_null(strstr(pp_error_detail(), "--devices: key 'devices': expected"));
+        char got[64];
+        snprintf(got, sizeof(got), "got '%s'", bad[i]);
+        assert_non_null(strstr(pp_error_detail(), got));
+        assert_string_equal(c.devices, "auto"); /* a refused value is not stored */
+    }
+    expect_stage_file_error("threads = 2;\n# GPUs\ndevices = \"gpu:0\";\n", 3,
+                            "key 'devices': expected \"auto\", \"cpu\" or", "got 'gpu:0'");
 }
 
 static void test_coordinator_cfg(void **state)
@@ -139,6 +182,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stage_cfg),
         cmocka_unit_test(test_stage_degrees),
+        cmocka_unit_test(test_stage_devices),
         cmocka_unit_test(test_coordinator_cfg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,83 @@
+/* The CPU backend's memory ops: backend memory is host memory, so buffers come from the project
+ * allocator, copies are memcpy, nothing is queued (sync has nothing to wait for and the CPU ops
+ * cannot fail), and weights and vectors are used in place from wherever the model keeps them. */
+#include <string.h>
+
+#include "kernels/cpu/cpu-impl.h"
+
+pp_status pp__cpu_buf_alloc(struct pp_backend *be, enum pp_mem_category cat, int64_t bytes,
+                            void **out)
+{
+    (void)be;
+    *out = NULL;
+    if (bytes < 0)
+        return pp_error(PP_ERR_INVALID_ARG, "cpu buffer: expected a size >= 0, got %lld",
+                        (long long)bytes);
+    if (!(*out = pp_alloc_aligned(cat, (size_t)bytes)))
+        return pp_error(PP_ERR_NOMEM, "cpu buffer: no memory for %lld bytes (%s)",
+                        (long long)bytes, pp_mem_category_name(cat));
+    return PP_OK;
+}
+
+void pp__cpu_buf_free(struct pp_backend *be, enum pp_mem_category cat, void *p)
+{
+    (void)be;
+    pp_free(cat, p);
+}
+
+void pp__cpu_copy(struct pp_backend *be, void *dst, const void *src, int64_t bytes)
+{
+    (void)be;
+    if (bytes > 0 && dst != src)
+        memcpy(dst, src, (size_t)bytes);
+}
+
+void pp__cpu_zero(struct pp_backend *be, void *p, int64_t bytes)
+{
+    (void)be;
+    if (bytes > 0)
+        memset(p, 0, (size_t)bytes);
+}
+
+pp_status pp__cpu_copy_out(struct pp_backend *be, void *dst, const void *src, int64_t bytes)
+{
+    pp__cpu_copy(be, dst, src, bytes);
+    return PP_OK;
+}
+
+pp_status pp__cpu_sync(struct pp_backend *be)
+{
+    (void)be;
+    return PP_OK;
+}
+
+pp_status pp__cpu_weight_load(struct pp_backend *be, const struct pp_weight *w, int resident,
+                              struct pp_weight *out)
+{
+    (void)be;
+    (void)resident; /* host memory is this backend's memory either way */
+    *out = *w;
+    return PP_OK;
+}
+
+void pp__cpu_weight_free(struct pp_backend *be, struct pp_weight *w)
+{
+    (void)be;
+    (void)w; /* weight_load made nothing */
+}
+
+pp_status pp__cpu_vec_load(struct pp_backend *be, const float *v, int64_t n, int resident,
+                           const float **out)
+{
+    (void)be;
+    (void)n;
+    (void)resident;
+    *out = v;
+    return PP_OK;
+}
+
+void pp__cpu_vec_free(struct pp_backend *be, const float *v)
+{
+    (void)be;
+    (void)v;
+}

@@ -1,0 +1,503 @@
+// Causal attention over the paged KV cache, f32 throughout, with the CPU's masks: a query at
+// position p sees keys [first, p], first = p - window + 1 with a sliding window (else 0).
+//
+// Decode (parts of at most DEC_MAX_TOKENS tokens): flash-decoding. A block takes one query row,
+// one KV head with its G query heads, and one split of the row's keys; it walks the split in tiles
+// of DEC_TK keys with a running max and sum. With one split it writes the output; with more,
+// partials (max, sum, unnormalised output) go to the workspace and a second kernel merges each
+// row's splits in split order. The split count is chosen so the grid fills the GPU.
+//
+// Prefill (longer parts): a block takes a tile of consecutive rows of one part and one KV head:
+// QT query vectors (rows × the G heads sharing the KV head) in shared memory, keys and values in
+// tiles of 32 through shared memory, each warp holding RPW query vectors' running state and
+// outputs in registers (lane l owns head dimensions l, l + 32, ...).
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/cuda-impl.cuh"
+#include "kernels/cuda/reduce.cuh"
+
+#define DEC_MAX_TOKENS 8 /* parts up to this many tokens take the decode kernel */
+#define DEC_THREADS 128
+#define DEC_TK 64        /* keys per tile of the decode kernel */
+#define DEC_MAXG 16      /* query heads per KV head the decode kernel holds */
+#define DEC_MIN_SPLIT 256 /* keys per split at least */
+#define MAX_HEAD_DIM 256
+#define PRE_THREADS 128  /* 4 warps */
+
+/* The geometry every attention kernel needs, passed by value. */
+struct attn_args {
+    const float *pool;
+    const struct pp_cuda_seq *seqs;
+    const int32_t *bt;
+    const int32_t *row_seq;
+    const int32_t *row_pos;
+    int32_t layer;
+    int32_t n_layers;
+    int32_t block_size;
+    int32_t kv_dim;
+    int64_t block_elems;
+    int32_t n_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t window;
+    float scale;
+};
+
+/* Element offset of position p's K row (V is block_elems further) for KV head kvh. Positions fit
+ * 32 bits (contexts are int32), so the division is a 32-bit one. */
+__device__ __forceinline__ int64_t key_offset(const struct attn_args &a, const int32_t *btab,
+                                              int64_t p, int32_t kvh)
+{
+    int32_t p32 = (int32_t)p, blk = p32 / a.block_size, slot = p32 - blk * a.block_size;
+    int64_t b = btab[blk];
+    return (b * a.n_layers + a.layer) * 2 * a.block_elems + (int64_t)slot * a.kv_dim +
+           (int64_t)kvh * a.head_dim;
+}
+
+__device__ __forceinline__ int64_t first_key(int64_t qpos, int32_t window)
+{
+    return window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0;
+}
+
+/* ---- decode ---------------------------------------------------------------------------------- */
+
+/* grid (decode rows, KV heads, splits), DEC_THREADS threads. Shared: the tile's key offsets
+ * [DEC_TK] (int64), q [G][hd], scores [G][DEC_TK], running max, sum and this tile's rescale [G]. */
+__global__ void attn_decode_kernel(float *out, float *part, const float *q, struct attn_args a,
+                                   const int32_t *drows, int32_t n_split)
+{
+    extern __shared__ float sm[];
+    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    int32_t r = drows[blockIdx.x], kvh = blockIdx.y, split = blockIdx.z;
+    int32_t s = a.row_seq[r];
+    int32_t hd = a.head_dim, G = a.n_heads / a.n_kv_heads;
+    int64_t *koff = (int64_t *)sm;
+    float *qs = (float *)(koff + DEC_TK), *sc = qs + G * hd, *ms = sc + G * DEC_TK, *ls = ms + G;
+    float *al = ls + G;
+    int64_t qpos = a.row_pos[r], first = first_key(qpos, a.window);
+    int64_t span = qpos - first + 1, chunk = (span + n_split - 1) / n_split;
+    int64_t k0 = first + (int64_t)split * chunk, k1 = k0 + chunk - 1 < qpos ? k0 + chunk - 1 : qpos;
+    const float *qr = q + (int64_t)r * a.n_heads * hd + (int64_t)kvh * G * hd;
+    for (int i = tid; i < G * hd; i += DEC_THREADS)
+        qs[i] = qr[i];
+    if (tid < G) {
+        ms[tid] = -INFINITY;
+        ls[tid] = 0.0f;
+    }
+    float acc[DEC_MAXG][2];
+#pragma unroll
+    for (int g = 0; g < DEC_MAXG; g++)
+        acc[g][0] = acc[g][1] = 0.0f;
+    __syncthreads();
+    const int32_t *btab = a.bt + a.seqs[s < 0 ? 0 : s].bt_off;
+    for (int64_t kt = k0; s >= 0 && kt <= k1; kt += DEC_TK) {
+        int nk = k1 - kt + 1 < DEC_TK ? (int)(k1 - kt + 1) : DEC_TK;
+        if (tid < nk)
+            koff[tid] = key_offset(a, btab, kt + tid, kvh);
+        __syncthreads();
+        /* scores: warp w takes keys w, w + 4, ...; lanes split the head dimension */
+        for (int j = warp; j < nk; j += DEC_THREADS / 32) {
+            const float *krow = a.pool + koff[j];
+            float dot[DEC_MAXG];
+#pragma unroll
+            for (int g = 0; g < DEC_MAXG; g++)
+                dot[g] = 0.0f;
+            for (int d = lane; d < hd; d += 32) {
+                float kd = krow[d];
+#pragma unroll
+                for (int g = 0; g < DEC_MAXG; g++)
+                    if (g < G)
+                        dot[g] += qs[g * hd + d] * kd;
+            }
+#pragma unroll
+            for (int g = 0; g < DEC_MAXG; g++)
+                if (g < G) {
+                    float v = pp_warp_sum(dot[g]);
+                    if (lane == 0)
+                        sc[g * DEC_TK + j] = v * a.scale;
+                }
+        }
+        __syncthreads();
+        /* running max and sum per head; scores become probabilities */
+        for (int g = warp; g < G; g += DEC_THREADS / 32) {
+            float *row = sc + g * DEC_TK;
+            float x0 = lane < nk ? row[lane] : -INFINITY;
+            float x1 = lane + 32 < nk ? row[lane + 32] : -INFINITY;
+            float m_old = ms[g], m_new = fmaxf(m_old, pp_warp_max(fmaxf(x0, x1)));
+            float p0 = lane < nk ? expf(x0 - m_new) : 0.0f;
+            float p1 = lane + 32 < nk ? expf(x1 - m_new) : 0.0f;
+            if (lane < nk)
+                row[lane] = p0;
+            if (lane + 32 < nk)
+                row[lane + 32] = p1;
+            float sum = pp_warp_sum(p0 + p1);
+            if (lane == 0) {
+                float alpha = expf(m_old - m_new); /* 0 on the first tile (m_old = -inf) */
+                ms[g] = m_new;
+                ls[g] = ls[g] * alpha + sum;
+                al[g] = alpha;
+            }
+        }
+        __syncthreads();
+        /* outputs: thread t owns dimensions t and t + DEC_THREADS of every head */
+#pragma unroll
+        for (int g = 0; g < DEC_MAXG; g++)
+            if (g < G) {
+                acc[g][0] *= al[g];
+                acc[g][1] *= al[g];
+            }
+        for (int j = 0; j < nk; j++) {
+            const float *vrow = a.pool + koff[j] + a.block_elems;
+            float v0 = tid < hd ? vrow[tid] : 0.0f;
+            float v1 = tid + DEC_THREADS < hd ? vrow[tid + DEC_THREADS] : 0.0f;
+#pragma unroll
+            for (int g = 0; g < DEC_MAXG; g++)
+                if (g < G) {
+                    float pj = sc[g * DEC_TK + j];
+                    acc[g][0] += pj * v0;
+                    acc[g][1] += pj * v1;
+                }
+        }
+        __syncthreads(); /* sc and koff are rewritten by the next tile */
+    }
+    if (s < 0)
+        return;
+#pragma unroll
+    for (int g = 0; g < DEC_MAXG; g++) {
+        if (g >= G)
+            break;
+        int32_t h = kvh * G + g;
+        if (n_split == 1) {
+            float *o = out + (int64_t)r * a.n_heads * hd + (int64_t)h * hd;
+            float inv = 1.0f / ls[g];
+            if (tid < hd)
+                o[tid] = acc[g][0] * inv;
+            if (tid + DEC_THREADS < hd)
+                o[tid + DEC_THREADS] = acc[g][1] * inv;
+        } else {
+            float *p = part + (((int64_t)blockIdx.x * a.n_heads + h) * n_split + split) * (hd + 2);
+            if (tid == 0) {
+                p[0] = ms[g];
+                p[1] = ls[g];
+            }
+            if (tid < hd)
+                p[2 + tid] = acc[g][0];
+            if (tid + DEC_THREADS < hd)
+                p[2 + tid + DEC_THREADS] = acc[g][1];
+        }
+    }
+}
+
+/* grid (decode rows, heads), DEC_THREADS threads: merges a row's splits in split order. Splits that
+ * saw no key (sum 0) are skipped. */
+__global__ void attn_merge_kernel(float *out, const float *part, struct attn_args a,
+                                  const int32_t *drows, int32_t n_split)
+{
+    int32_t r = drows[blockIdx.x], h = blockIdx.y, hd = a.head_dim;
+    if (a.row_seq[r] < 0)
+        return;
+    const float *p0 = part + ((int64_t)blockIdx.x * a.n_heads + h) * n_split * (hd + 2);
+    float M = -INFINITY;
+    for (int32_t s = 0; s < n_split; s++)
+        if (p0[s * (hd + 2) + 1] > 0.0f)
+            M = fmaxf(M, p0[s * (hd + 2)]);
+    float L = 0.0f;
+    for (int32_t s = 0; s < n_split; s++) {
+        const float *p = p0 + s * (hd + 2);
+        if (p[1] > 0.0f)
+            L += p[1] * expf(p[0] - M);
+    }
+    float *o = out + (int64_t)r * a.n_heads * hd + (int64_t)h * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float O = 0.0f;
+        for (int32_t s = 0; s < n_split; s++) {
+            const float *p = p0 + s * (hd + 2);
+            if (p[1] > 0.0f)
+                O += p[2 + d] * expf(p[0] - M);
+        }
+        o[d] = O / L;
+    }
+}
+
+/* ---- prefill --------------------------------------------------------------------------------- */
+
+/* One prefill tile: part `seq`, rows [row0, row0 + n_rows). */
+struct attn_tile {
+    int32_t seq;
+    int32_t row0;
+    int32_t n_rows;
+    int32_t pad;
+};
+
+/* HDC: head dimensions per lane (head_dim <= 32 * HDC); RPW: query vectors per warp. */
+template <int HDC, int RPW> struct prefill_cfg {
+    static constexpr int HP = HDC * 32; /* padded head dim */
+    static constexpr int QT = 4 * RPW;  /* query vectors per block */
+    static constexpr size_t smem = sizeof(float) * ((size_t)QT * HP + 32 * (HP + 1) + 32 * HP) +
+                                   32 * sizeof(int64_t);
+};
+
+template <int HDC, int RPW>
+__global__ void __launch_bounds__(PRE_THREADS)
+    attn_prefill_kernel(float *out, const float *q, struct attn_args a,
+                        const struct attn_tile *tiles)
+{
+    using C = prefill_cfg<HDC, RPW>;
+    extern __shared__ float sm[];
+    int64_t *kb = (int64_t *)sm;           /* [32] offsets of the tile's keys, -1 past the end */
+    float *Qs = (float *)(kb + 32);        /* [QT][HP] */
+    float *Ks = Qs + C::QT * C::HP;        /* [32][HP + 1] */
+    float *Vs = Ks + 32 * (C::HP + 1);     /* [32][HP] */
+    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    struct attn_tile tile = tiles[blockIdx.x];
+    int32_t kvh = blockIdx.y, hd = a.head_dim, G = a.n_heads / a.n_kv_heads;
+    struct pp_cuda_seq sq = a.seqs[tile.seq];
+    const int32_t *btab = a.bt + sq.bt_off;
+    int64_t pos0 = (int64_t)sq.pos + (tile.row0 - sq.row);
+    int64_t klast = pos0 + tile.n_rows - 1, kfirst = first_key(pos0, a.window);
+
+    /* query vector qi = token (qi / G) of the tile, head kvh * G + qi % G */
+    for (int idx = tid; idx < C::QT * C::HP; idx += PRE_THREADS) {
+        int qi = idx / C::HP, d = idx % C::HP, t = qi / G;
+        float v = 0.0f;
+        if (t < tile.n_rows && d < hd)
+            v = q[(int64_t)(tile.row0 + t) * a.n_heads * hd +
+                  (int64_t)(kvh * G + qi % G) * hd + d];
+        Qs[idx] = v;
+    }
+    /* the warp's query vectors: qi = warp * RPW + i, token (qi / G) at position pos0 + qi / G */
+    float m[RPW], l[RPW], o[RPW][HDC];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < HDC; c++)
+            o[i][c] = 0.0f;
+    }
+    for (int64_t k0 = kfirst; k0 <= klast; k0 += 32) {
+        if (tid < 32)
+            kb[tid] = k0 + tid <= klast ? key_offset(a, btab, k0 + tid, kvh) : -1;
+        __syncthreads();
+        for (int idx = tid; idx < 32 * C::HP; idx += PRE_THREADS) {
+            int j = idx / C::HP, d = idx % C::HP;
+            int64_t base = kb[j];
+            float kv_k = 0.0f, kv_v = 0.0f;
+            if (base >= 0 && d < hd) {
+                kv_k = a.pool[base + d];
+                kv_v = a.pool[base + a.block_elems + d];
+            }
+            Ks[j * (C::HP + 1) + d] = kv_k;
+            Vs[j * C::HP + d] = kv_v;
+        }
+        __syncthreads();
+        /* lane j scores key k0 + j against the warp's query vectors */
+        int64_t p = k0 + lane;
+        float s[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++)
+            s[i] = 0.0f;
+        for (int d = 0; d < hd; d++) {
+            float kd = Ks[lane * (C::HP + 1) + d];
+#pragma unroll
+            for (int i = 0; i < RPW; i++)
+                s[i] += Qs[(warp * RPW + i) * C::HP + d] * kd;
+        }
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            int t = (warp * RPW + i) / G;
+            int64_t qp = pos0 + t;
+            bool seen = t < tile.n_rows && p <= qp && p >= first_key(qp, a.window);
+            float x = seen ? s[i] * a.scale : -INFINITY;
+            float m_new = fmaxf(m[i], pp_warp_max(x));
+            float pr = 0.0f, alpha = 1.0f;
+            if (m_new != -INFINITY) {
+                pr = seen ? expf(x - m_new) : 0.0f;
+                alpha = expf(m[i] - m_new);
+            }
+            l[i] = l[i] * alpha + pp_warp_sum(pr);
+            m[i] = m_new;
+#pragma unroll
+            for (int c = 0; c < HDC; c++)
+                o[i][c] *= alpha;
+            s[i] = pr;
+        }
+        for (int j = 0; j < 32; j++) {
+            float vd[HDC];
+#pragma unroll
+            for (int c = 0; c < HDC; c++)
+                vd[c] = Vs[j * C::HP + lane + 32 * c];
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                float pj = __shfl_sync(0xffffffffu, s[i], j);
+#pragma unroll
+                for (int c = 0; c < HDC; c++)
+                    o[i][c] += pj * vd[c];
+            }
+        }
+        __syncthreads(); /* the tiles are rewritten next */
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int qi = warp * RPW + i;
+        if (qi / G >= tile.n_rows)
+            continue;
+        float *orow = out + (int64_t)(tile.row0 + qi / G) * a.n_heads * hd +
+                      (int64_t)(kvh * G + qi % G) * hd;
+        float inv = 1.0f / l[i];
+#pragma unroll
+        for (int c = 0; c < HDC; c++)
+            if (lane + 32 * c < hd)
+                orow[lane + 32 * c] = o[i][c] * inv;
+    }
+}
+
+/* The prefill instantiations: head dims up to 64, 128 and 256. */
+#define PRE_SMALL 2, 16
+#define PRE_MID 4, 16
+#define PRE_LARGE 8, 8
+
+int pp__cuda_attention_setup(struct pp_cuda *c)
+{
+    size_t need[] = {prefill_cfg<PRE_SMALL>::smem, prefill_cfg<PRE_MID>::smem,
+                     prefill_cfg<PRE_LARGE>::smem};
+    const void *fns[] = {(const void *)attn_prefill_kernel<PRE_SMALL>,
+                         (const void *)attn_prefill_kernel<PRE_MID>,
+                         (const void *)attn_prefill_kernel<PRE_LARGE>};
+    for (int i = 0; i < 3; i++) {
+        if ((int64_t)need[i] > c->smem_optin)
+            continue; /* that head size is refused at launch with a message */
+        if (!CUDA_OK(c, cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)need[i])))
+            return 0;
+    }
+    return 1;
+}
+
+/* Query vectors per prefill block for head_dim hd. */
+static int prefill_qt(int32_t hd)
+{
+    return hd <= 64 ? prefill_cfg<PRE_SMALL>::QT
+           : hd <= 128 ? prefill_cfg<PRE_MID>::QT : prefill_cfg<PRE_LARGE>::QT;
+}
+
+template <int HDC, int RPW>
+static void launch_prefill(struct pp_cuda *c, float *out, const float *q, const struct attn_args &a,
+                           const struct attn_tile *tiles, int32_t n_tiles)
+{
+    size_t smem = prefill_cfg<HDC, RPW>::smem;
+    if ((int64_t)smem > c->smem_optin) {
+        pp__cuda_fail(c, "attention: head_dim %d needs %zu bytes of shared memory per block, the "
+                      "device allows %d", a.head_dim, smem, c->smem_optin);
+        return;
+    }
+    dim3 grid((unsigned)n_tiles, (unsigned)a.n_kv_heads);
+    attn_prefill_kernel<HDC, RPW><<<grid, PRE_THREADS, smem, c->stream>>>(out, q, a, tiles);
+    LAUNCH_OK(c, "attn_prefill_kernel");
+}
+
+void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
+                        const struct pp_kv_view *kv, int32_t layer, const struct pp_attn_seq *seqs,
+                        int32_t n_seqs, const struct pp_attn_shape *shape)
+{
+    struct pp_cuda *c = pp__cuda(be);
+    struct pp_cuda_batch b;
+    if (n_seqs <= 0 || !pp__cuda_enter(c))
+        return;
+    int32_t H = shape->n_heads, KH = shape->n_kv_heads, hd = shape->head_dim;
+    if (KH < 1 || H % KH != 0 || hd < 1 || hd > MAX_HEAD_DIM || (int64_t)KH * hd > kv->kv_dim)
+        return (void)pp__cuda_fail(c, "attention: expected n_kv_heads dividing n_heads, head_dim "
+                                   "1..%d and n_kv_heads * head_dim <= kv_dim, got %d heads, %d KV "
+                                   "heads, head_dim %d, kv_dim %d", MAX_HEAD_DIM, H, KH, hd,
+                                   kv->kv_dim);
+    int32_t G = H / KH, qt = prefill_qt(hd), tt = qt / G;
+    if (tt < 1)
+        return (void)pp__cuda_fail(c, "attention: %d query heads per KV head exceed %d", G, qt);
+    if (!pp__cuda_batch(c, kv, seqs, n_seqs, &b))
+        return;
+    /* the work lists: decode rows, then prefill tiles (16-byte aligned) */
+    int use_decode = G <= DEC_MAXG;
+    int64_t n_dec = 0, n_tiles = 0, max_span = 1;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const struct pp_attn_seq *sq = &seqs[s];
+        if (use_decode && sq->n_tokens <= DEC_MAX_TOKENS) {
+            n_dec += sq->n_tokens;
+            int64_t last = (int64_t)sq->pos + sq->n_tokens - 1;
+            int64_t span = shape->sliding_window > 0 && shape->sliding_window < last + 1
+                               ? shape->sliding_window : last + 1;
+            if (span > max_span)
+                max_span = span;
+        } else {
+            n_tiles += (sq->n_tokens + tt - 1) / tt;
+        }
+    }
+    int64_t off_tiles = ((n_dec * 4) + 15) & ~(int64_t)15;
+    int64_t bytes = off_tiles + n_tiles * (int64_t)sizeof(struct attn_tile);
+    char *blob = (char *)pp__cuda_blob(c, bytes);
+    if (!blob)
+        return;
+    memset(blob, 0, (size_t)bytes);
+    int32_t *drows = (int32_t *)blob;
+    struct attn_tile *tiles = (struct attn_tile *)(blob + off_tiles);
+    int64_t di = 0, ti = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const struct pp_attn_seq *sq = &seqs[s];
+        if (use_decode && sq->n_tokens <= DEC_MAX_TOKENS) {
+            for (int32_t t = 0; t < sq->n_tokens; t++)
+                drows[di++] = sq->row + t;
+            continue;
+        }
+        for (int32_t t0 = 0; t0 < sq->n_tokens; t0 += tt) {
+            tiles[ti].seq = s;
+            tiles[ti].row0 = sq->row + t0;
+            tiles[ti].n_rows = sq->n_tokens - t0 < tt ? sq->n_tokens - t0 : tt;
+            ti++;
+        }
+    }
+    const char *d = (const char *)pp__cuda_upload(c, PP_CUDA_SLOT_PLAN, blob, bytes);
+    if (!d)
+        return;
+    struct attn_args a = {kv->pool, b.seqs, b.bt, b.row_seq, b.row_pos, layer,
+                          kv->n_layers, kv->block_size, kv->kv_dim, kv->block_elems, H, KH, hd,
+                          shape->sliding_window, shape->scale};
+    if (n_dec > 0) {
+        /* enough splits to fill the GPU, none shorter than DEC_MIN_SPLIT keys, partials within
+         * the workspace */
+        int64_t blocks = n_dec * KH, want = 4 * (int64_t)c->sm_count;
+        int64_t n_split = (max_span + DEC_MIN_SPLIT - 1) / DEC_MIN_SPLIT;
+        int64_t fill = (want + blocks - 1) / blocks;
+        if (n_split > fill)
+            n_split = fill;
+        int64_t per_split = n_dec * H * (int64_t)(hd + 2) * (int64_t)sizeof(float);
+        if (n_split > c->scratch_bytes / per_split)
+            n_split = c->scratch_bytes / per_split;
+        if (n_split < 1)
+            n_split = 1;
+        if (n_split > 65535)
+            n_split = 65535;
+        size_t smem = sizeof(int64_t) * DEC_TK +
+                      sizeof(float) * ((size_t)G * hd + (size_t)G * DEC_TK + 3 * (size_t)G);
+        dim3 grid((unsigned)n_dec, (unsigned)KH, (unsigned)n_split);
+        attn_decode_kernel<<<grid, DEC_THREADS, smem, c->stream>>>(
+            out, (float *)c->scratch, q, a, (const int32_t *)d, (int32_t)n_split);
+        if (!LAUNCH_OK(c, "attn_decode_kernel"))
+            return;
+        if (n_split > 1) {
+            attn_merge_kernel<<<dim3((unsigned)n_dec, (unsigned)H), DEC_THREADS, 0, c->stream>>>(
+                out, (const float *)c->scratch, a, (const int32_t *)d, (int32_t)n_split);
+            if (!LAUNCH_OK(c, "attn_merge_kernel"))
+                return;
+        }
+    }
+    if (n_tiles > 0) {
+        const struct attn_tile *t = (const struct attn_tile *)(d + off_tiles);
+        if (hd <= 64)
+            launch_prefill<PRE_SMALL>(c, out, q, a, t, (int32_t)n_tiles);
+        else if (hd <= 128)
+            launch_prefill<PRE_MID>(c, out, q, a, t, (int32_t)n_tiles);
+        else
+            launch_prefill<PRE_LARGE>(c, out, q, a, t, (int32_t)n_tiles);
+    }
+}

@@ -1,0 +1,45 @@
+// RoPE: one thread per (row, frequency), rotating that pair in every head. The angle is computed in
+// double and its cosine and sine rounded once to f32, as the CPU does, so both backends rotate by
+// the same f32 factors.
+#include "kernels/cuda/cuda-impl.cuh"
+#include "kernels/cuda/rope.cuh"
+
+__global__ void rope_kernel(float *x, const int32_t *pos, int64_t n, int32_t n_heads,
+                            int32_t head_dim, const float *inv_freq, int neox)
+{
+    int32_t half = head_dim / 2;
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= n * half)
+        return;
+    int64_t r = id / half;
+    int32_t i = (int32_t)(id % half);
+    double angle = (double)pos[r] * (double)inv_freq[i];
+    double sd, cd;
+    sincos(angle, &sd, &cd);
+    float cs = (float)cd, sn = (float)sd;
+    int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    float *row = x + r * n_heads * (int64_t)head_dim;
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *v = row + (int64_t)h * head_dim;
+        float x0 = v[a], x1 = v[b];
+        /* _rn: no fused multiply-add, the CPU's exact arithmetic */
+        v[a] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+        v[b] = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
+    }
+}
+
+void pp__cuda_rope(struct pp_backend *be, float *x, const int32_t *pos, int64_t n, int32_t n_heads,
+                   int32_t head_dim, const float *inv_freq, enum pp_rope_layout layout)
+{
+    struct pp_cuda *c = pp__cuda(be);
+    if (n <= 0 || head_dim < 2 || !pp__cuda_enter(c))
+        return;
+    const int32_t *d_pos =
+        (const int32_t *)pp__cuda_upload(c, PP_CUDA_SLOT_POS, pos, n * (int64_t)sizeof(int32_t));
+    if (!d_pos)
+        return;
+    int64_t items = n * (head_dim / 2);
+    rope_kernel<<<pp__cuda_blocks(items, PP_CUDA_THREADS), PP_CUDA_THREADS, 0, c->stream>>>(
+        x, d_pos, n, n_heads, head_dim, inv_freq, layout == PP_ROPE_NEOX);
+    LAUNCH_OK(c, "rope_kernel");
+}

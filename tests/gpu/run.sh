@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh RESULTS_DIR: the CUDA backend's checks on a GPU host that has only the CUDA
+# toolkit, CMake and a C compiler (no gRPC, protobuf-c, libconfig, jansson, PCRE2 or cmocka, no
+# network). It builds the engine-only configuration with CUDA (build-gpu/, or $PP_GPU_BUILD), then:
+#   1. test_cuda_ops: every CUDA op against the CPU backend's op on random shapes (ops.json/.log)
+#   2. test_cuda_e2e: logits of synthetic GGUF models (`ppserve synth`), CUDA executor against the
+#      CPU executor (e2e.json/.log)
+#   3. bench_gpu: decode at batch 1 and 32 and prefill on a 4-layer slice of an 8B-shaped bf16
+#      model, against the copy bandwidth and cuBLAS GEMM rate measured in the same run
+#      (bench.json/.log)
+# Results go into RESULTS_DIR as each step ends (at most 8 files: build.log, ops.{json,log},
+# e2e.{json,log}, bench.{json,log}, summary.json), so a run cut short keeps what it measured. Each
+# step runs under `timeout`; the whole run is sized for 4 minutes on one H200.
+#
+# Exit status: 0 every check passed; 1 a check failed or timed out; 2 bad usage; 3 a tool is
+# missing or the build failed; 4 built, but this host has no usable GPU (nothing was run).
+set -uo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: tests/gpu/run.sh RESULTS_DIR" >&2
+    exit 2
+fi
+results=$1
+mkdir -p "$results" || exit 2
+results=$(cd "$results" && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${PP_GPU_BUILD:-$root/build-gpu}
+jobs=$(nproc 2>/dev/null || echo 4)
+t_start=$(date +%s)
+declare -A status=()
+failed=0
+
+# summary.json: each step's exit status (0 pass, 124 timeout, other failure) and the wall time.
+summary() {
+    local outcome=$1
+    {
+        printf '{"outcome": "%s", "seconds": %d, "steps": {' "$outcome" $(($(date +%s) - t_start))
+        local first=1
+        for k in configure build gpu ops e2e bench; do
+            [ -n "${status[$k]+x}" ] || continue
+            [ $first -eq 1 ] || printf ', '
+            printf '"%s": %s' "$k" "${status[$k]}"
+            first=0
+        done
+        printf '}}\n'
+    } >"$results/summary.json"
+}
+
+# step NAME SECONDS LOG CMD...: runs CMD under timeout, output to LOG (appended), records status.
+step() {
+    local name=$1 limit=$2 log=$3
+    shift 3
+    local t0
+    t0=$(date +%s)
+    echo "== $name (limit ${limit}s)"
+    timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    status[$name]=$rc
+    echo "   $name: exit $rc after $(($(date +%s) - t0))s$([ $rc -eq 124 ] && echo ' (timed out)')"
+    return $rc
+}
+
+for tool in cmake nvcc cc timeout; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "run.sh: '$tool' is not on PATH: the CUDA toolkit, CMake and a C compiler are needed" >&2
+        summary "missing $tool"
+        exit 3
+    fi
+done
+
+# Compile for this GPU only when one answers (faster); otherwise for the default sm_80 and sm_90.
+arch=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    [[ "$cap" =~ ^[0-9]+$ ]] && arch="-DCMAKE_CUDA_ARCHITECTURES=$cap"
+fi
+
+: >"$results/build.log"
+step configure 90 "$results/build.log" cmake -S "$root" -B "$build" -DPP_ENGINE_ONLY=ON \
+    -DCMAKE_BUILD_TYPE=Release $arch
+if [ "${status[configure]}" -ne 0 ] || ! grep -q 'cuda=ON' "$results/build.log"; then
+    echo "run.sh: configuring failed or CMake did not enable CUDA (see build.log)" >&2
+    summary "configure failed"
+    exit 3
+fi
+step build 150 "$results/build.log" cmake --build "$build" -j "$jobs" --target ppserve \
+    test_cuda_ops test_cuda_e2e bench_gpu
+if [ "${status[build]}" -ne 0 ]; then
+    echo "run.sh: the build failed (see build.log)" >&2
+    summary "build failed"
+    exit 3
+fi
+ppserve=$build/ppserve
+tests=$build/tests
+
+devices=$("$ppserve" devices 2>&1)
+echo "$devices" | tee -a "$results/build.log"
+if ! grep -q '^cuda:0: ' <<<"$devices"; then
+    status[gpu]=1
+    echo "run.sh: built everything, but this host has no usable GPU, so nothing was run:" >&2
+    grep '^cuda' <<<"$devices" >&2
+    summary "no GPU"
+    exit 4
+fi
+status[gpu]=0
+
+: >"$results/ops.log"
+step ops 60 "$results/ops.log" "$tests/test_cuda_ops" --json "$results/ops.json" || failed=1
+tail -n 45 "$results/ops.log"
+
+models=$(mktemp -d)
+trap 'rm -rf "$models"' EXIT
+: >"$results/e2e.log"
+small=(--dim 256 --layers 3 --heads 8 --kv-heads 2 --ffn 512 --vocab 1000 --ctx 512)
+wide=(--dim 512 --layers 2 --heads 4 --kv-heads 2 --ffn 768 --vocab 2000 --ctx 512) # head_dim 128
+synth() {
+    local name=$1
+    shift
+    "$ppserve" synth --out "$models/$name" "$@" >>"$results/e2e.log" 2>&1 ||
+        echo "synth $name failed" >>"$results/e2e.log"
+}
+synth llama_bf16 "${small[@]}" --dtype bf16
+synth llama_hd128_bf16 "${wide[@]}" --dtype bf16 --tied
+synth qwen2_bf16 "${small[@]}" --arch qwen2 --dtype bf16
+synth mistral_swa_f16 "${small[@]}" --arch mistral --sliding-window 48 --dtype f16
+synth mixtral_bf16 "${small[@]}" --arch mixtral --experts 4 --experts-used 2 --dtype bf16
+synth qwen2moe_bf16 "${small[@]}" --arch qwen2moe --experts 8 --experts-used 2 --expert-ffn 128 \
+    --shared-ffn 256 --norm-topk 1 --dtype bf16
+synth llama_f32 "${small[@]}" --dtype f32
+synth llama_q8_0 "${small[@]}" --dtype q8_0
+m=$models
+step e2e 60 "$results/e2e.log" "$tests/test_cuda_e2e" --json "$results/e2e.json" --tol 3e-2 \
+    "$m/llama_bf16/model.gguf" "$m/llama_hd128_bf16/model.gguf" "$m/qwen2_bf16/model.gguf" \
+    "$m/mistral_swa_f16/model.gguf" "$m/mixtral_bf16/model.gguf" "$m/qwen2moe_bf16/model.gguf" \
+    --tol 6e-2 "$m/llama_f32/model.gguf" "$m/llama_q8_0/model.gguf" || failed=1
+grep -E 'PASS|FAIL|error' "$results/e2e.log" | tail -n 12
+
+: >"$results/bench.log"
+step bench 90 "$results/bench.log" "$tests/bench_gpu" --json "$results/bench.json" || failed=1
+cat "$results/bench.log"
+
+summary "$([ $failed -eq 0 ] && echo pass || echo fail)"
+echo "results in $results ($(($(date +%s) - t_start))s)"
+exit $failed
