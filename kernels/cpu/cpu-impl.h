@@ -3,6 +3,7 @@
 #define PP_CPU_IMPL_H
 
 #include <math.h>
+#include <string.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/simd.h"
@@ -26,6 +27,58 @@ struct pp_cpu {
     float *scratch[PP_CPU_SCRATCH_COUNT]; /* [n_threads, cap[slot]] */
     int64_t cap[PP_CPU_SCRATCH_COUNT];
 };
+
+/* exp(x) in float, one fixed sequence of correctly rounded operations, which the AVX2 loops
+ * (kernels/cpu/simd_avx2.c, exp8) repeat lane by lane, so both paths give the same bits: x is
+ * clamped to [-104, 89] (NaN passes), k = rint(x·log2 e), r = x − k·ln 2 in two steps (ln 2 split
+ * as 0.693359375 − 2.12194440e-4), exp(r) ≈ ((P(r)·r² + r) + 1) with the degree-5 minimax P of
+ * Cephes' expf, then scaled by 2^(k>>1) and 2^(k−(k>>1)) (each a normal float, so exp overflows to
+ * inf above 88.72 and goes through the denormals below −87.3). About 1 ulp from exp. */
+#define PP_EXP_LO (-104.0f)
+#define PP_EXP_HI 89.0f
+#define PP_EXP_LOG2E 1.44269504088896341f
+#define PP_EXP_LN2_HI 0.693359375f
+#define PP_EXP_LN2_LO (-2.12194440e-4f)
+#define PP_EXP_P0 1.9875691500e-4f
+#define PP_EXP_P1 1.3981999507e-3f
+#define PP_EXP_P2 8.3334519073e-3f
+#define PP_EXP_P3 4.1665795894e-2f
+#define PP_EXP_P4 1.6666665459e-1f
+#define PP_EXP_P5 5.0000001201e-1f
+
+static inline float pp__pow2i(int32_t e)
+{
+    uint32_t b = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &b, sizeof(f));
+    return f;
+}
+
+static inline float pp__expf(float x)
+{
+    float xc = PP_EXP_LO > x ? PP_EXP_LO : x; /* as maxps(lo, x): a NaN x stays */
+    xc = PP_EXP_HI < xc ? PP_EXP_HI : xc;     /* as minps(hi, x) */
+    float kf = rintf(xc * PP_EXP_LOG2E);
+    float r = fmaf(kf, -PP_EXP_LN2_HI, xc);
+    r = fmaf(kf, -PP_EXP_LN2_LO, r);
+    float p = PP_EXP_P0;
+    p = fmaf(p, r, PP_EXP_P1);
+    p = fmaf(p, r, PP_EXP_P2);
+    p = fmaf(p, r, PP_EXP_P3);
+    p = fmaf(p, r, PP_EXP_P4);
+    p = fmaf(p, r, PP_EXP_P5);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    int32_t k = kf == kf ? (int32_t)kf : 0;
+    int32_t k1 = k >> 1;
+    y = y * pp__pow2i(k1) * pp__pow2i(k - k1);
+    return x != x ? x : y;
+}
+
+/* silu(g)·u = g / (1 + exp(−g)) · u with pp__expf. */
+static inline float pp__swiglu1(float g, float u)
+{
+    return g / (1.0f + pp__expf(-g)) * u;
+}
 
 /* The fixed merge of the eight lanes of a canonical dot product. */
 static inline float pp__merge8(const float l[8])

@@ -1,6 +1,6 @@
 /* Element-wise ops, the embedding gather and the row gather/scatter of the MoE FFN. They involve no
  * reduction, so any split is exact.
- * swiglu (an expf per FFN element) is spread over the pool when a batch is large enough to pay
+ * swiglu (an exp per FFN element, pp__expf) is spread over the pool when a batch is large enough to pay
  * for it (prefill); the rest run on the calling thread. */
 #include <math.h>
 #include <string.h>
@@ -10,6 +10,7 @@
 #define SWIGLU_GRAIN 16384 /* elements per work item; smaller calls run inline */
 
 struct swiglu_job {
+    const struct pp_simd *simd;
     float *out;
     const float *gate;
     const float *up;
@@ -19,16 +20,13 @@ static void swiglu_range(void *ctx, int64_t i0, int64_t i1, int thread)
 {
     (void)thread;
     struct swiglu_job *j = ctx;
-    for (int64_t i = i0; i < i1; i++) {
-        float g = j->gate[i];
-        j->out[i] = g / (1.0f + expf(-g)) * j->up[i];
-    }
+    j->simd->swiglu(j->out + i0, j->gate + i0, j->up + i0, i1 - i0);
 }
 
 void pp__cpu_swiglu(struct pp_backend *be, float *out, const float *gate, const float *up,
                     int64_t n)
 {
-    struct swiglu_job j = {out, gate, up};
+    struct swiglu_job j = {pp__cpu(be)->simd, out, gate, up};
     pp_threadpool_run(pp__cpu(be)->pool, swiglu_range, &j, n, SWIGLU_GRAIN);
 }
 

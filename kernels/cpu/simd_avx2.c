@@ -665,6 +665,45 @@ static void wsum_avx2(float *y, const float *w, const float *const *x, int64_t m
             y[j] = fmaf(w[i], x[i][j], y[j]);
 }
 
+/* pp__expf on eight lanes, operation for operation (kernels/cpu/cpu-impl.h). */
+AI __m256 exp8(__m256 x)
+{
+    __m256 xc = _mm256_max_ps(_mm256_set1_ps(PP_EXP_LO), x); /* NaN: maxps returns x */
+    xc = _mm256_min_ps(_mm256_set1_ps(PP_EXP_HI), xc);
+    __m256 kf = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(PP_EXP_LOG2E)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(kf, _mm256_set1_ps(-PP_EXP_LN2_HI), xc);
+    r = _mm256_fmadd_ps(kf, _mm256_set1_ps(-PP_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(PP_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PP_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PP_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PP_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PP_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(PP_EXP_P5));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i k = _mm256_cvtps_epi32(kf); /* kf is integral: exact (a NaN lane is replaced below) */
+    __m256i k1 = _mm256_srai_epi32(k, 1), k2 = _mm256_sub_epi32(k, k1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+    y = _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp8(_mm256_xor_ps(g, sign));
+        __m256 v = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i));
+        _mm256_storeu_ps(out + i, v);
+    }
+    for (; i < n; i++)
+        out[i] = pp__swiglu1(gate[i], up[i]);
+}
+
 static void f16_avx2(float *dst, const void *src, int64_t n)
 {
     const uint16_t *s = src;
@@ -687,8 +726,8 @@ static void bf16_avx2(float *dst, const void *src, int64_t n)
         dst[i] = pp_bf16_to_f32(s[i]);
 }
 
-static const struct pp_simd avx2 = {"avx2",    matmul_rows_avx2, dot_avx2, dots_avx2,
-                                    wsum_avx2, f16_avx2,         bf16_avx2};
+static const struct pp_simd avx2 = {"avx2",      matmul_rows_avx2, dot_avx2, dots_avx2, wsum_avx2,
+                                    swiglu_avx2, f16_avx2,         bf16_avx2};
 
 #if defined(__clang__)
 #pragma clang attribute pop

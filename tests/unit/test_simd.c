@@ -83,6 +83,56 @@ static void test_dots_wsum_match(void **state)
         }
 }
 
+/* pp__expf against exp in double over its whole range: within 2 ulp where the result is normal,
+ * inf above the overflow point, 0 or a denormal far below, NaN for NaN, exactly 1 at 0. */
+static void test_expf_accuracy(void **state)
+{
+    (void)state;
+    double worst = 0.0;
+    for (float x = -87.0f; x <= 88.7f; x += 0.000731f) {
+        double ref = exp((double)x), got = pp__expf(x);
+        double ulp = ldexp(1.0, ilogb(ref) - 23);
+        double e = fabs(got - ref) / ulp;
+        if (e > worst)
+            worst = e;
+    }
+    if (worst > 2.0)
+        fail_msg("pp__expf: %.2f ulp from exp", worst);
+    assert_true(isinf(pp__expf(88.73f)) && pp__expf(88.73f) > 0);
+    assert_true(isinf(pp__expf(1000.0f)));
+    assert_true(pp__expf(-1000.0f) == 0.0f);
+    assert_true(pp__expf(-95.0f) > 0.0f && pp__expf(-95.0f) < 1e-38f);
+    assert_true(isnan(pp__expf(NAN)));
+    assert_true(pp__expf(0.0f) == 1.0f);
+    assert_true(pp__expf(-INFINITY) == 0.0f && isinf(pp__expf(INFINITY)));
+}
+
+/* swiglu in both tables: the same bits for ordinary and extreme gates (saturated, overflowing
+ * exp, denormal results, ±0, ±inf, NaN) and every length around the 8-lane step. */
+static void test_swiglu_match(void **state)
+{
+    (void)state;
+    const struct pp_simd *fast = pp_simd_get(), *port = pp_simd_portable();
+    unsigned seed = 33;
+    const float special[] = {0.0f,   -0.0f,  1e-30f, -1e-30f, 88.0f,   -88.0f,  88.8f,
+                             -88.8f, 103.5f, -104.5f, 200.0f, -200.0f, INFINITY, -INFINITY,
+                             NAN,    87.3f,  -87.3f,  20.0f,  -20.0f,  1.0f,   -1.0f};
+    enum { N = 77 };
+    float g[N], u[N], o1[N], o2[N];
+    for (int rep = 0; rep < 200; rep++) {
+        for (int i = 0; i < N; i++) {
+            g[i] = frand(&seed) * (rep % 4 == 0 ? 120.0f : 9.0f);
+            u[i] = frand(&seed) * 3.0f;
+        }
+        for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++)
+            g[(rep + i * 5) % N] = special[i];
+        int64_t n = rep % N + 1;
+        fast->swiglu(o1, g, u, n);
+        port->swiglu(o2, g, u, n);
+        assert_memory_equal(o1, o2, sizeof(float) * (size_t)n);
+    }
+}
+
 /* One random matmul through both tables: the same bits, and each element equal to pp__dot of the
  * exactly converted weight row. */
 static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n,
@@ -229,6 +279,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dot_matches),
         cmocka_unit_test(test_dots_wsum_match),
+        cmocka_unit_test(test_expf_accuracy),
+        cmocka_unit_test(test_swiglu_match),
         cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_direct_all_token_counts),
         cmocka_unit_test(test_conversions_match),
