@@ -1,6 +1,7 @@
 /* ppserve cluster: a whole pipeline on this machine for trying things out. Starts one
  * ppserve-coordinator and N ppserve-stage processes on loopback (each with --tp/--ep workers when
- * given: N stages x W-way tensor parallelism), waits until the coordinator says "serving", shows
+ * given: N stages x W-way tensor parallelism, on the devices --devices names: a GPU list is dealt
+ * out W ids per stage in order), waits until the coordinator says "serving", shows
  * the status table, and supervises: Ctrl-C or SIGTERM stops them all (exit 0); a daemon that dies
  * on its own, or a pipeline the coordinator says cannot form (a stage refused its assignment),
  * stops the rest (exit 1). */
@@ -19,6 +20,7 @@
 #include "client/remote/remote.h"
 #include "common/alloc.h"
 #include "common/log.h"
+#include "kernels/devices.h"
 
 #define STARTUP_TIMEOUT_S 120.0
 #define STOP_GRACE_S 15.0
@@ -37,6 +39,8 @@ struct cluster_opts {
     int32_t max_batch_tokens;
     int32_t microbatches;
     const char *log_level;
+    const char *devices;
+    struct pp_device_spec use; /* the resolved devices: the CPU, or stages × workers GPUs */
     int help;
 };
 
@@ -195,7 +199,7 @@ static int start_coordinator(struct cluster *c, const struct cluster_opts *o,
 static int start_stage(struct cluster *c, int i, const struct cluster_opts *o,
                        const struct model_path *m, const char *path, const sigset_t *mask)
 {
-    char coord[64], threads[16], kv[16], tp[16], ep[16];
+    char coord[64], threads[16], kv[16], tp[16], ep[16], devices[PP_DEVICES_MAX * 4 + 8];
     snprintf(coord, sizeof(coord), "127.0.0.1:%d", o->port);
     snprintf(threads, sizeof(threads), "%d", o->threads);
     snprintf(kv, sizeof(kv), "%d", o->kv_mb);
@@ -224,6 +228,16 @@ static int start_stage(struct cluster *c, int i, const struct cluster_opts *o,
         argv[k++] = "--ep";
         argv[k++] = ep;
     }
+    /* this stage's share of the devices: its W GPUs in order, or the CPU */
+    struct pp_device_spec mine = {o->use.kind, 0, {0}};
+    if (o->use.kind == PP_DEVICE_CUDA) {
+        int w = o->use.n / o->stages;
+        mine.n = w;
+        memcpy(mine.ids, o->use.ids + i * w, (size_t)w * sizeof(int));
+    }
+    pp_device_spec_format(&mine, devices, sizeof(devices));
+    argv[k++] = "--devices";
+    argv[k++] = devices;
     argv[k++] = "--log_level";
     argv[k++] = (char *)o->log_level;
     argv[k] = NULL;
@@ -327,6 +341,17 @@ static int check_opts(struct cluster_opts *o)
             len += (size_t)snprintf(o->layers_text + len, sizeof(o->layers_text) - len, "%s%d",
                                     i ? "," : "", o->layers.ids[i]);
     }
+    struct pp_device_spec want;
+    if (pp_device_spec_parse(o->devices, &want) != PP_OK) {
+        fprintf(stderr, "ppserve cluster: --devices: %s\n", pp_error_detail());
+        return 2;
+    }
+    int workers = o->tp > 0 ? o->tp : o->ep > 0 ? o->ep : 1;
+    if (want.kind == PP_DEVICE_CUDA && want.n != o->stages * workers) {
+        fprintf(stderr, "ppserve cluster: --devices: expected %d GPU ids (%d stages x %d workers, "
+                "dealt out in order), got %d\n", o->stages * workers, o->stages, workers, want.n);
+        return 2;
+    }
     int level = pp_log_level_parse(o->log_level);
     if (level < 0 || level > PP_LOG_ERROR) {
         fprintf(stderr, "ppserve cluster: --log-level: expected debug, info, warn or error, got "
@@ -343,6 +368,7 @@ int pp_cmd_cluster(int argc, char **argv)
     o.port = 7000;
     o.microbatches = -1;
     o.log_level = "warn";
+    o.devices = "auto";
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     struct pp_arg args[] = {
         {"model", PP_ARG_STRING, &o.model, 0, 0, "GGUF file or HF checkpoint directory (required)"},
@@ -359,6 +385,8 @@ int pp_cmd_cluster(int argc, char **argv)
         {"max-batch-tokens", PP_ARG_INT, &o.max_batch_tokens, 1, 1 << 16, "token budget of one microbatch (default: the coordinator's)"},
         {"microbatches", PP_ARG_INT, &o.microbatches, 0, 256, "microbatches in flight (default: the coordinator's)"},
         {"log-level", PP_ARG_STRING, &o.log_level, 0, 0, "the daemons' debug|info|warn|error (default warn)"},
+        {"devices", PP_ARG_STRING, &o.devices, 0, 0,
+         "auto | cpu | cuda:N[,N...] (stages x tp GPU ids, dealt out in order; default auto)"},
         {"help", PP_ARG_FLAG, &o.help, 0, 0, "show this help"},
     };
     int n = (int)(sizeof(args) / sizeof(args[0]));
@@ -374,6 +402,20 @@ int pp_cmd_cluster(int argc, char **argv)
     }
     if (!pp_args_seen(args, n, "threads"))
         o.threads = ncpu / o.stages > 1 ? (int32_t)(ncpu / o.stages) : 1;
+    /* what --devices means here, once for all the stages: "auto" takes GPUs only when there are
+     * enough for every stage's workers; an explicit list that cannot be used stops here */
+    struct pp_device_spec want;
+    char note[512];
+    pp_device_spec_parse(o.devices, &want); /* checked by check_opts */
+    int workers = o.tp > 0 ? o.tp : o.ep > 0 ? o.ep : 1;
+    pp_status st = pp_devices_resolve(&want, o.stages * workers, &o.use, note, sizeof(note));
+    if (st != PP_OK) {
+        rc = pp_cli_fail("cluster", st);
+        pp_id_list_free(&o.layers);
+        return rc;
+    }
+    if (note[0])
+        PP_INFO("devices=cpu requested=%s reason=\"no GPU is used: %s\"", o.devices, note);
     struct model_path m;
     char coord_path[PATH_MAX], stage_path[PATH_MAX];
     rc = 1;

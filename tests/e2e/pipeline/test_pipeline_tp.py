@@ -152,7 +152,8 @@ def stop(proc):
 
 
 def test_cluster_runs_p_stages_of_w_workers(model, tmp_path):
-    proc = run_cluster(model, tmp_path, "--tp", "2", "--threads", "2")
+    proc = run_cluster(model, tmp_path, "--tp", "2", "--threads", "2", "--devices", "cpu",
+                       "--log-level", "info")
     try:
         p = run([PPSERVE, "status", "--addr", proc.addr, "--wait", str(int(scaled(60))),
                  "--json"], check=False, timeout=scaled(90))
@@ -164,6 +165,9 @@ def test_cluster_runs_p_stages_of_w_workers(model, tmp_path):
         check_against_single_process(proc.addr, model, tmp_path)
         stop(proc)
         assert proc.returncode == 0, proc.log.read_text(errors="replace")
+        # each stage was handed the CPU and says so when it starts
+        text = proc.log.read_text(errors="replace")
+        assert text.count("devices=cpu") >= 2, text[-3000:]
     finally:
         stop(proc)
 
@@ -182,3 +186,31 @@ def test_cluster_reports_a_tp_the_heads_refuse(model, tmp_path):
                  if x.startswith("ppserve cluster: error: the pipeline cannot form")), None)
     assert line, text
     assert f"tp 3 does not divide the {HEADS} attention heads" in line, line
+
+
+@pytest.mark.parametrize("devices, rc, words", [
+    ("gpu", 2, ['expected "auto", "cpu" or "cuda:N', "got 'gpu'"]),
+    ("cuda:0", 2, ["expected 4 GPU ids (2 stages x 2 workers", "got 1"]),
+    ("cuda:0,1,1,2", 2, ["cuda:"]),
+])
+def test_cluster_refuses_bad_device_lists(model, tmp_path, devices, rc, words):
+    """A malformed list, or one that does not give every stage's workers a GPU, is a usage error
+    before any daemon starts."""
+    p = run([PPSERVE, "cluster", "--model", str(model / "model.gguf"), "--stages", "2", "--tp",
+             "2", "--port", str(free_port()), "--devices", devices], check=False, timeout=30)
+    assert p.returncode == rc, p.stderr
+    for w in words:
+        assert w in p.stderr, p.stderr
+
+
+def test_cluster_on_gpus_this_host_lacks_stops_at_once(model, tmp_path):
+    """cuda ids on a host (or build) without usable GPUs: exit 1 at once, naming the problem; no
+    daemon is left behind. (On a GPU host with 2 usable GPUs this would serve instead.)"""
+    devices = run([PPSERVE, "devices"], check=False, timeout=30).stdout
+    if "cuda:0:" in devices and "cuda:1:" in devices:
+        pytest.skip("this host has two usable GPUs")
+    p = run([PPSERVE, "cluster", "--model", str(model / "model.gguf"), "--stages", "2",
+             "--port", str(free_port()), "--devices", "cuda:0,1"], check=False, timeout=30)
+    assert p.returncode == 1, p.stderr
+    assert "ppserve cluster: error: cuda:0,1:" in p.stderr, p.stderr
+    assert "CUDA" in p.stderr, p.stderr
