@@ -97,8 +97,9 @@ static struct query query_of(const struct attn_job *j, int64_t row, int32_t h)
 }
 
 /* The partial softmax of one chunk: *m, *l and o[head_dim] over positions [c0, c1] (at most
- * ATTN_CHUNK of them). The keys' dot products run four at a time and the values' weighted sum keeps
- * o in registers; each score and each element of o still takes its one canonical order. */
+ * ATTN_CHUNK of them). The keys' dot products run four at a time, the exps (pp__expf) eight at a
+ * time, and the values' weighted sum keeps o in registers; each score, the sum and each element
+ * of o still take their one order. */
 static void attend_chunk(const struct attn_job *j, const struct query *qr, int64_t c0, int64_t c1,
                          float *scores, float *m, float *l, float *o)
 {
@@ -119,11 +120,10 @@ static void attend_chunk(const struct attn_job *j, const struct query *qr, int64
         if (s > max)
             max = s;
     }
+    simd->exp_shift(scores, max, n);
     float sum = 0.0f;
     for (int64_t i = 0; i < n; i++) {
-        float e = expf(scores[i] - max);
-        sum += e;
-        scores[i] = e;
+        sum += scores[i];
         rows[i] = kv_row(j->kv, j->layer, 1, qr->sq->block_table, c0 + i) + off;
     }
     memset(o, 0, (size_t)hd * sizeof(float));
@@ -136,7 +136,7 @@ static void attend_chunk(const struct attn_job *j, const struct query *qr, int64
 static void merge_chunk(float *M, float *L, float *O, float m, float l, const float *o, int32_t hd)
 {
     float nm = fmaxf(*M, m);
-    float a = expf(*M - nm), b = expf(m - nm);
+    float a = pp__expf(*M - nm), b = pp__expf(m - nm);
     *L = *L * a + l * b;
     for (int32_t d = 0; d < hd; d++)
         O[d] = O[d] * a + o[d] * b;

@@ -42,6 +42,12 @@ static void wsum_portable(float *y, const float *w, const float *const *x, int64
             y[j] = fmaf(w[i], x[i][j], y[j]);
 }
 
+static void exp_shift_portable(float *x, float shift, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = pp__expf(x[i] - shift);
+}
+
 static void swiglu_portable(float *out, const float *gate, const float *up, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
@@ -58,9 +64,9 @@ static void bf16_portable(float *dst, const void *src, int64_t n)
     pp_row_to_f32(dst, src, PP_DTYPE_BF16, n);
 }
 
-static const struct pp_simd portable = {"portable",      matmul_rows_portable, dot_portable,
-                                        dots_portable,   wsum_portable,        swiglu_portable,
-                                        f16_portable,    bf16_portable};
+static const struct pp_simd portable = {
+    "portable",      matmul_rows_portable, dot_portable,    dots_portable, wsum_portable,
+    exp_shift_portable, swiglu_portable,   f16_portable,    bf16_portable};
 
 const struct pp_simd *pp_simd_portable(void)
 {

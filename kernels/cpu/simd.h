@@ -83,6 +83,8 @@ typedef void (*pp_dots_fn)(float *out, const float *a, const float *const *b, in
  * weighted sum of m rows found anywhere (the values of an attention chunk), one fused
  * multiply-add per element and row. */
 typedef void (*pp_wsum_fn)(float *y, const float *w, const float *const *x, int64_t m, int64_t n);
+/* x[i] = pp__expf(x[i] - shift) for i in [0, n) (kernels/cpu/cpu-impl.h): attention's softmax. */
+typedef void (*pp_exp_shift_fn)(float *x, float shift, int64_t n);
 /* out[i] = pp__swiglu1(gate[i], up[i]) for i in [0, n) (kernels/cpu/cpu-impl.h). */
 typedef void (*pp_swiglu_fn)(float *out, const float *gate, const float *up, int64_t n);
 /* pp_row_to_f32 for f16/bf16 (other dtypes use the portable function). */
@@ -94,6 +96,7 @@ struct pp_simd {
     pp_dot_fn dot;
     pp_dots_fn dots;
     pp_wsum_fn wsum;
+    pp_exp_shift_fn exp_shift;
     pp_swiglu_fn swiglu;
     pp_convert_fn f16_to_f32;
     pp_convert_fn bf16_to_f32;

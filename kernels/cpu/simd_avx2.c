@@ -690,6 +690,16 @@ AI __m256 exp8(__m256 x)
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
+static void exp_shift_avx2(float *x, float shift, int64_t n)
+{
+    const __m256 sv = _mm256_set1_ps(shift);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sv)));
+    for (; i < n; i++)
+        x[i] = pp__expf(x[i] - shift);
+}
+
 static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t n)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
@@ -726,8 +736,9 @@ static void bf16_avx2(float *dst, const void *src, int64_t n)
         dst[i] = pp_bf16_to_f32(s[i]);
 }
 
-static const struct pp_simd avx2 = {"avx2",      matmul_rows_avx2, dot_avx2, dots_avx2, wsum_avx2,
-                                    swiglu_avx2, f16_avx2,         bf16_avx2};
+static const struct pp_simd avx2 = {"avx2",         matmul_rows_avx2, dot_avx2,
+                                    dots_avx2,      wsum_avx2,        exp_shift_avx2,
+                                    swiglu_avx2,    f16_avx2,         bf16_avx2};
 
 #if defined(__clang__)
 #pragma clang attribute pop

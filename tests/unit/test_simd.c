@@ -133,6 +133,35 @@ static void test_swiglu_match(void **state)
     }
 }
 
+/* exp_shift (attention's softmax numerators) in both tables: pp__expf's bits lane by lane, for
+ * every length around the 8-lane step and arguments from 0 down past the underflow. */
+static void test_exp_shift_match(void **state)
+{
+    (void)state;
+    const struct pp_simd *fast = pp_simd_get(), *port = pp_simd_portable();
+    unsigned seed = 35;
+    enum { N = 45 };
+    float x[N], a[N], b[N];
+    for (int rep = 0; rep < 300; rep++) {
+        float shift = frand(&seed) * 20.0f;
+        for (int i = 0; i < N; i++)
+            x[i] = shift - (frand(&seed) + 1.0f) * (rep % 3 == 0 ? 80.0f : 6.0f);
+        x[rep % N] = shift; /* the maximum itself: exp(0) = 1 */
+        x[(rep + 7) % N] = -INFINITY;
+        int64_t n = rep % N + 1;
+        memcpy(a, x, sizeof(x));
+        memcpy(b, x, sizeof(x));
+        fast->exp_shift(a, shift, n);
+        port->exp_shift(b, shift, n);
+        assert_memory_equal(a, b, sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            float ref = pp__expf(x[i] - shift);
+            assert_memory_equal(&a[i], &ref, sizeof(float));
+        }
+        assert_true(a[rep % N] == 1.0f || rep % N >= n);
+    }
+}
+
 /* One random matmul through both tables: the same bits, and each element equal to pp__dot of the
  * exactly converted weight row. */
 static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n,
@@ -281,6 +310,7 @@ int main(void)
         cmocka_unit_test(test_dots_wsum_match),
         cmocka_unit_test(test_expf_accuracy),
         cmocka_unit_test(test_swiglu_match),
+        cmocka_unit_test(test_exp_shift_match),
         cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_direct_all_token_counts),
         cmocka_unit_test(test_conversions_match),
