@@ -40,7 +40,9 @@ struct cluster_opts {
     int32_t microbatches;
     const char *log_level;
     const char *devices;
-    struct pp_device_spec use; /* the resolved devices: the CPU, or stages × workers GPUs */
+    struct pp_device_spec want; /* --devices as parsed (check_opts) */
+    int32_t workers;            /* per stage: tp, or ep alone, or 1 (check_opts) */
+    struct pp_device_spec use;  /* the resolved devices: the CPU, or stages × workers GPUs */
     int help;
 };
 
@@ -231,7 +233,7 @@ static int start_stage(struct cluster *c, int i, const struct cluster_opts *o,
     /* this stage's share of the devices: its W GPUs in order, or the CPU */
     struct pp_device_spec mine = {o->use.kind, 0, {0}};
     if (o->use.kind == PP_DEVICE_CUDA) {
-        int w = o->use.n / o->stages;
+        int w = o->workers;
         mine.n = w;
         memcpy(mine.ids, o->use.ids + i * w, (size_t)w * sizeof(int));
     }
@@ -341,15 +343,15 @@ static int check_opts(struct cluster_opts *o)
             len += (size_t)snprintf(o->layers_text + len, sizeof(o->layers_text) - len, "%s%d",
                                     i ? "," : "", o->layers.ids[i]);
     }
-    struct pp_device_spec want;
-    if (pp_device_spec_parse(o->devices, &want) != PP_OK) {
+    if (pp_device_spec_parse(o->devices, &o->want) != PP_OK) {
         fprintf(stderr, "ppserve cluster: --devices: %s\n", pp_error_detail());
         return 2;
     }
-    int workers = o->tp > 0 ? o->tp : o->ep > 0 ? o->ep : 1;
-    if (want.kind == PP_DEVICE_CUDA && want.n != o->stages * workers) {
+    o->workers = o->tp > 0 ? o->tp : o->ep > 0 ? o->ep : 1;
+    if (o->want.kind == PP_DEVICE_CUDA && o->want.n != o->stages * o->workers) {
         fprintf(stderr, "ppserve cluster: --devices: expected %d GPU ids (%d stages x %d workers, "
-                "dealt out in order), got %d\n", o->stages * workers, o->stages, workers, want.n);
+                "dealt out in order), got %d\n", o->stages * o->workers, o->stages, o->workers,
+                o->want.n);
         return 2;
     }
     int level = pp_log_level_parse(o->log_level);
@@ -404,11 +406,8 @@ int pp_cmd_cluster(int argc, char **argv)
         o.threads = ncpu / o.stages > 1 ? (int32_t)(ncpu / o.stages) : 1;
     /* what --devices means here, once for all the stages: "auto" takes GPUs only when there are
      * enough for every stage's workers; an explicit list that cannot be used stops here */
-    struct pp_device_spec want;
     char note[512];
-    pp_device_spec_parse(o.devices, &want); /* checked by check_opts */
-    int workers = o.tp > 0 ? o.tp : o.ep > 0 ? o.ep : 1;
-    pp_status st = pp_devices_resolve(&want, o.stages * workers, &o.use, note, sizeof(note));
+    pp_status st = pp_devices_resolve(&o.want, o.stages * o.workers, &o.use, note, sizeof(note));
     if (st != PP_OK) {
         rc = pp_cli_fail("cluster", st);
         pp_id_list_free(&o.layers);

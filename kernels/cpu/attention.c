@@ -124,7 +124,7 @@ static void attend_chunk(const struct attn_job *j, const struct query *qr, int64
     float sum = 0.0f;
     for (int64_t i = 0; i < n; i++) {
         sum += scores[i];
-        rows[i] = kv_row(j->kv, j->layer, 1, qr->sq->block_table, c0 + i) + off;
+        rows[i] += j->kv->block_elems; /* a position's V row follows its K row by one K block */
     }
     memset(o, 0, (size_t)hd * sizeof(float));
     simd->wsum(o, scores, rows, n, hd);
