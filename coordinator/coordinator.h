@@ -134,6 +134,8 @@ struct coordinator {
     pthread_cond_t cond;             /* registration, state changes, the release queue */
     enum co_state state;
     char state_reason[1024];
+    char last_failure[640];          /* why the last pipeline went down or was not formed; cleared
+                                      * when one serves: Status keeps saying it while re-forming */
     int blocked;                     /* the last setup was refused: wait for the stages to change */
     uint64_t stages_gen;             /* bumped when a stage registers (again) or is dropped */
     int stop;                        /* the release thread ends */

@@ -53,6 +53,7 @@ static void block(struct coordinator *co)
 {
     co->state = CO_DOWN;
     co->blocked = 1;
+    snprintf(co->last_failure, sizeof(co->last_failure), "%s", pp_error_detail());
     snprintf(co->state_reason, sizeof(co->state_reason), "%s (the coordinator tries again when a "
              "stage registers or leaves, and every %d s)", pp_error_detail(), CO_BLOCKED_RETRY_S);
 }
@@ -72,13 +73,26 @@ static void wait_tick(struct coordinator *co)
     co_check_stages(co);
 }
 
+/* Sets the not-serving reason (mu held): what the coordinator does now, and, after a failure,
+ * why the last pipeline is gone, so that Status never loses the cause while it re-forms. */
+static void set_reason(struct coordinator *co, const char *doing)
+{
+    if (co->last_failure[0])
+        snprintf(co->state_reason, sizeof(co->state_reason), "%s; the last pipeline failed: %s",
+                 doing, co->last_failure);
+    else
+        snprintf(co->state_reason, sizeof(co->state_reason), "%s", doing);
+}
+
 /* Waits until cfg.stages stages are alive (mu held). */
 static pp_status wait_for_stages(struct coordinator *co)
 {
     while (!*co->interrupted && co->n_stages < (int)co->cfg.stages) {
         wait_tick(co);
-        snprintf(co->state_reason, sizeof(co->state_reason), "waiting for stages: %d of %lld",
-                 co->n_stages, (long long)co->cfg.stages);
+        char doing[64];
+        snprintf(doing, sizeof(doing), "waiting for stages: %d of %lld", co->n_stages,
+                 (long long)co->cfg.stages);
+        set_reason(co, doing);
     }
     return *co->interrupted ? pp_error(PP_ERR_CANCELLED, "stopping") : PP_OK;
 }
@@ -194,7 +208,7 @@ pp_status co_setup_pipeline(struct coordinator *co)
     }
     co->state = CO_STARTING;
     co->blocked = 0;
-    snprintf(co->state_reason, sizeof(co->state_reason), "assigning layers");
+    set_reason(co, "assigning layers");
     int n = co->n_stages;
     int32_t counts[CO_MAX_STAGES];
     st = plan(co, counts);
@@ -257,6 +271,7 @@ pp_status co_setup_pipeline(struct coordinator *co)
     }
     if (st == PP_OK) {
         co->state = CO_SERVING;
+        co->last_failure[0] = '\0';
         snprintf(co->state_reason, sizeof(co->state_reason), "serving");
         co->rate_t0 = pp_clock_mono();
         co->rate_tokens0 = co->tokens_generated;
@@ -271,6 +286,7 @@ pp_status co_setup_pipeline(struct coordinator *co)
     } else if (co->state == CO_STARTING) {
         co->state = CO_DOWN;
         snprintf(co->state_reason, sizeof(co->state_reason), "%s", pp_error_detail());
+        snprintf(co->last_failure, sizeof(co->last_failure), "%s", pp_error_detail());
     }
     pthread_mutex_unlock(&co->mu);
     return st;

@@ -155,6 +155,17 @@ def test_stage_failure_is_unavailable(lab, cluster_factory, long_model, fault, i
         st = wait_until(lambda: (lambda x: x if x["state"] != "serving" else False)(cl.status()),
                         scaled(5), "Status to report the stage down")
         assert "stage" in st["state"].lower(), st["state"]
+        # while it re-forms (assigning layers, waiting for the lost stage), Status keeps the cause
+        seen = set()
+        for _ in range(int(scaled(2) / 0.05)):
+            state = cl.status()["state"]
+            assert state != "serving", "serving again although a stage is gone"
+            assert "stage" in state.lower(), state
+            if state.startswith(("assigning layers", "waiting for stages")):
+                assert "the last pipeline failed: " in state, state
+            seen.add(state.split(";")[0].split(":")[0])
+            time.sleep(0.05)
+        print("states while re-forming:", sorted(seen))
         t1 = time.monotonic()
         again = Stream(lab.generate(cl.addr, {"prompt_ids": PROMPT, "max_tokens": 5}, timeout=30))
         end2 = again.until_end(scaled(10))
