@@ -28,6 +28,7 @@ struct run_opts {
     int32_t ep;
     int32_t ctx;
     const char *device;
+    const char *cpu_weights;
     const char *dump_logits;
     const char *log_level;
     int json;
@@ -170,6 +171,7 @@ int pp_cmd_run(int argc, char **argv)
     o.tp = 1;
     o.ep = 0;
     o.device = "auto";
+    o.cpu_weights = "copy";
     struct pp_arg args[] = {
         {"model", PP_ARG_STRING, &o.model, 0, 0, "GGUF file or HF checkpoint directory (required)"},
         {"prompt", PP_ARG_STRING, &o.prompt, 0, 0, "prompt text (needs the model's tokenizer)"},
@@ -184,6 +186,9 @@ int pp_cmd_run(int argc, char **argv)
         {"device", PP_ARG_STRING, &o.device, 0, 0,
          "auto | cpu | cuda:N[,N...] (default auto: the GPUs when present, else the CPU; a GPU "
          "list sets --tp to its length)"},
+        {"cpu-weights", PP_ARG_STRING, &o.cpu_weights, 0, 0,
+         "copy | map: the CPU copies weights into huge-page memory (default; faster decode) or "
+         "computes from the mapped model file (no copy)"},
         {"dump-logits", PP_ARG_STRING, &o.dump_logits, 0, 0, "write f32 logits per generated token"},
         {"json", PP_ARG_FLAG, &o.json, 0, 0, "print one JSON line instead of streaming text"},
         {"log-level", PP_ARG_STRING, &o.log_level, 0, 0, "debug|info|warn|error (default warn)"},
@@ -216,6 +221,12 @@ int pp_cmd_run(int argc, char **argv)
     struct pp_device_spec want, use;
     if (pp_device_spec_parse(o.device, &want) != PP_OK) {
         fprintf(stderr, "ppserve run: --device: %s\n", pp_error_detail());
+        pp_id_list_free(&o.prompt_ids);
+        return 2;
+    }
+    int map_weights = 0;
+    if (pp_cpu_weights_parse(o.cpu_weights, &map_weights) != PP_OK) {
+        fprintf(stderr, "ppserve run: --cpu-weights: %s\n", pp_error_detail());
         pp_id_list_free(&o.prompt_ids);
         return 2;
     }
@@ -252,6 +263,8 @@ int pp_cmd_run(int argc, char **argv)
         rc = pp_cli_fail("run", st);
         goto done;
     }
+    for (int r = 0; r < o.tp; r++)
+        pp_backend_cpu_map_weights(bes[r], map_weights);
     if (use.kind == PP_DEVICE_CPU && o.tp > o.threads)
         PP_WARN("--tp %d with %d threads: each worker still runs one thread, so %d threads share "
                 "the cores", o.tp, o.threads, o.tp);

@@ -1,10 +1,14 @@
 /* Counting allocator. Each block carries a 64-byte header with its size, so pp_free can account
- * without a lookup and aligned blocks stay 64-byte aligned. */
+ * without a lookup and aligned blocks stay 64-byte aligned. Huge-page blocks are mappings of their
+ * own, whose size the caller gives back on release. */
 #include "common/alloc.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define HEADER 64
 
@@ -69,6 +73,49 @@ int64_t pp_mem_live(enum pp_mem_category cat)
 const char *pp_mem_category_name(enum pp_mem_category cat)
 {
     return (unsigned)cat < PP_MEM_CATEGORY_COUNT ? category_names[cat] : "unknown";
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* The mapping's length: size rounded up to whole small pages. */
+static size_t huge_len(size_t size)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return ((size ? size : 1) + page - 1) / page * page;
+}
+
+void *pp_alloc_huge(enum pp_mem_category cat, size_t size)
+{
+    if (should_fail() || size > SIZE_MAX / 2)
+        return NULL;
+    size_t len = huge_len(size);
+    /* from 2 MiB up, map 2 MiB more and trim both ends so that the block starts on a 2 MiB
+     * boundary: otherwise its first and last huge pages would be small ones */
+    size_t slack = len >= HUGE_PAGE ? HUGE_PAGE : 0;
+    char *raw = mmap(NULL, len + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    char *p = raw;
+    if (slack) {
+        p = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        if (p > raw)
+            munmap(raw, (size_t)(p - raw));
+        if (raw + len + slack > p + len)
+            munmap(p + len, (size_t)(raw + len + slack - (p + len)));
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len, MADV_HUGEPAGE); /* EINVAL without THP: plain pages, still correct */
+#endif
+    atomic_fetch_add(&live[cat], (int64_t)size);
+    return p;
+}
+
+void pp_free_huge(enum pp_mem_category cat, void *p, size_t size)
+{
+    if (!p)
+        return;
+    munmap(p, huge_len(size));
+    atomic_fetch_sub(&live[cat], (int64_t)size);
 }
 
 void pp_alloc_fail_at(int64_t nth)

@@ -29,6 +29,14 @@ void *pp_calloc(enum pp_mem_category cat, size_t n, size_t size);
 void *pp_alloc_aligned(enum pp_mem_category cat, size_t size);
 /* NULL-safe. */
 void pp_free(enum pp_mem_category cat, void *p);
+/* size bytes of anonymous memory (zeroed, page aligned; 2 MiB aligned from 2 MiB up) that the
+ * kernel is asked to back with 2 MiB pages (madvise MADV_HUGEPAGE; where it cannot, plain pages):
+ * for large, long-lived buffers read end to end, such as weights copied in at load, which with
+ * 4 KiB pages pay a TLB miss and a hardware-prefetch restart at every page edge. NULL on failure.
+ * Release with pp_free_huge and the same category and size. */
+void *pp_alloc_huge(enum pp_mem_category cat, size_t size);
+/* NULL-safe. */
+void pp_free_huge(enum pp_mem_category cat, void *p, size_t size);
 /* A NUL-terminated copy of n bytes of s (which need not be terminated); NULL on failure. */
 char *pp_strndup(enum pp_mem_category cat, const char *s, size_t n);
 char *pp_strdup(enum pp_mem_category cat, const char *s);

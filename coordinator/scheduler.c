@@ -419,7 +419,8 @@ void co_pipeline_down(struct coordinator *co, const char *fmt, ...)
     vsnprintf(co->state_reason, sizeof(co->state_reason), fmt, ap);
     va_end(ap);
     co->state = CO_DOWN;
-    snprintf(co->last_failure, sizeof(co->last_failure), "%s", co->state_reason);
+    snprintf(co->last_failure, sizeof(co->last_failure), "%.*s", (int)sizeof(co->last_failure) - 1,
+             co->state_reason);
     PP_ERROR("pipeline down: %s", co->state_reason);
     pp_rpc_health_set(co->health, "", PP_HEALTH_NOT_SERVING);
     pp_rpc_health_set(co->health, "ppserve.v1.Ppserve", PP_HEALTH_NOT_SERVING);

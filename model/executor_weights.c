@@ -1,19 +1,30 @@
 /* A worker's weights in its backend's memory. Each loaded tensor starts as a copy of its source
  * (the shard's or the model's) and is replaced by what the backend's weight_load / vec_load hands
  * back; so on release, a tensor whose pointer still equals its source's was never the backend's
- * (the CPU computes from the mapped file in place), and any other is freed exactly once. */
+ * (a slice the shard repacked, or the mapped file when the CPU backend maps weights), and any
+ * other is freed exactly once. A slice the shard repacked is already this process's memory, so a
+ * host-memory backend gets it as resident (computed from in place, not copied twice). */
 #include <string.h>
 
 #include "common/alloc.h"
 #include "model/executor-impl.h"
 
-static pp_status load_weight(struct pp_backend *be, int resident, const struct pp_weight *src,
+/* One worker's load: its backend, whether the model's tensors are already that backend's memory,
+ * and its shard (whose repacked slices are, for a host-memory backend). */
+struct loader {
+    struct pp_backend *be;
+    int resident;
+    const struct pp_shard *shard;
+};
+
+static pp_status load_weight(const struct loader *ld, const struct pp_weight *src,
                              struct pp_weight *dst)
 {
     *dst = *src;
     if (!src->data)
         return PP_OK; /* absent (a MoE layer's dense FFN, no shared expert) */
-    return be->ops->weight_load(be, src, resident, dst);
+    int resident = ld->resident || (ld->be->host_memory && pp_shard_owns(ld->shard, src->data));
+    return ld->be->ops->weight_load(ld->be, src, resident, dst);
 }
 
 static void free_weight(struct pp_backend *be, const struct pp_weight *src, struct pp_weight *dst)
@@ -23,11 +34,10 @@ static void free_weight(struct pp_backend *be, const struct pp_weight *src, stru
     *dst = *src;
 }
 
-static pp_status load_vec(struct pp_backend *be, int resident, const float *src, int64_t n,
-                          float **dst)
+static pp_status load_vec(const struct loader *ld, const float *src, int64_t n, float **dst)
 {
     const float *out = src;
-    pp_status st = src ? be->ops->vec_load(be, src, n, resident, &out) : PP_OK;
+    pp_status st = src ? ld->be->ops->vec_load(ld->be, src, n, ld->resident, &out) : PP_OK;
     *dst = (float *)out; /* the layer struct's fields are not const; the kernels only read them */
     return st;
 }
@@ -50,7 +60,7 @@ struct weight_pair {
      {&(src)->wo, &(dst)->wo}, {&(src)->w_gate, &(dst)->w_gate}, {&(src)->w_up, &(dst)->w_up},     \
      {&(src)->w_down, &(dst)->w_down}}
 
-static pp_status load_moe(struct pp_backend *be, int resident, const struct pp_model_config *c,
+static pp_status load_moe(const struct loader *ld, const struct pp_model_config *c,
                           const struct pp_moe_weights *src, struct pp_moe_weights *dst)
 {
     *dst = *src;
@@ -69,16 +79,16 @@ static pp_status load_moe(struct pp_backend *be, int resident, const struct pp_m
                                {&src->shared_down, &dst->shared_down}};
     pp_status st = PP_OK;
     for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]) && st == PP_OK; i++)
-        st = load_weight(be, resident, ws[i].src, ws[i].dst);
+        st = load_weight(ld, ws[i].src, ws[i].dst);
     for (size_t e = 0; e < n && st == PP_OK; e++) {
         struct weight_pair ex[] = {{&src->gate[e], &dst->gate[e]},
                                    {&src->up[e], &dst->up[e]},
                                    {&src->down[e], &dst->down[e]}};
         for (size_t i = 0; i < sizeof(ex) / sizeof(ex[0]) && st == PP_OK; i++)
-            st = load_weight(be, resident, ex[i].src, ex[i].dst);
+            st = load_weight(ld, ex[i].src, ex[i].dst);
     }
     if (st == PP_OK)
-        st = load_vec(be, resident, src->shared_gate_inp, c->dim, &dst->shared_gate_inp);
+        st = load_vec(ld, src->shared_gate_inp, c->dim, &dst->shared_gate_inp);
     return st;
 }
 
@@ -104,24 +114,24 @@ static void free_moe(struct pp_backend *be, const struct pp_moe_weights *src,
     free_vec(be, src->shared_gate_inp, &dst->shared_gate_inp);
 }
 
-static pp_status load_layer(struct pp_backend *be, int resident, const struct pp_model_config *c,
+static pp_status load_layer(const struct loader *ld, const struct pp_model_config *c,
                             const struct pp_shard *s, const struct pp_layer_weights *src,
                             struct pp_layer_weights *dst, struct pp_moe_weights *moe)
 {
     struct weight_pair ws[] = LAYER_WEIGHTS(src, dst);
     pp_status st = PP_OK;
     for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]) && st == PP_OK; i++)
-        st = load_weight(be, resident, ws[i].src, ws[i].dst);
+        st = load_weight(ld, ws[i].src, ws[i].dst);
     int64_t q_dim = (int64_t)s->n_heads * c->head_dim, kv_dim = (int64_t)s->n_kv_heads * c->head_dim;
-    if (st == PP_OK && (st = load_vec(be, resident, src->attn_norm, c->dim, &dst->attn_norm)) ==
+    if (st == PP_OK && (st = load_vec(ld, src->attn_norm, c->dim, &dst->attn_norm)) ==
                            PP_OK &&
-        (st = load_vec(be, resident, src->ffn_norm, c->dim, &dst->ffn_norm)) == PP_OK &&
-        (st = load_vec(be, resident, src->bq, q_dim, &dst->bq)) == PP_OK &&
-        (st = load_vec(be, resident, src->bk, kv_dim, &dst->bk)) == PP_OK)
-        st = load_vec(be, resident, src->bv, kv_dim, &dst->bv);
+        (st = load_vec(ld, src->ffn_norm, c->dim, &dst->ffn_norm)) == PP_OK &&
+        (st = load_vec(ld, src->bq, q_dim, &dst->bq)) == PP_OK &&
+        (st = load_vec(ld, src->bk, kv_dim, &dst->bk)) == PP_OK)
+        st = load_vec(ld, src->bv, kv_dim, &dst->bv);
     if (st == PP_OK && src->moe) {
         dst->moe = moe;
-        st = load_moe(be, resident, c, src->moe, moe);
+        st = load_moe(ld, c, src->moe, moe);
     }
     return st;
 }
@@ -149,7 +159,7 @@ pp_status pp__exec_weights_load(struct pp_executor *ex, struct pp_exec_worker *w
     const struct pp_shard *s = w->shard;
     struct pp_backend *be = w->be;
     struct pp_exec_weights *wt = &w->wt;
-    int resident = m->resident;
+    const struct loader ld0 = {be, m->resident, s}, *ld = &ld0;
     int32_t n_layers = m->last_layer - m->first_layer;
     /* every tensor starts as its source, so a partial load is released correctly */
     wt->embedding = m->embedding;
@@ -163,23 +173,29 @@ pp_status pp__exec_weights_load(struct pp_executor *ex, struct pp_exec_worker *w
     memcpy(wt->layers, s->layers, (size_t)n_layers * sizeof(*wt->layers));
     pp_status st = PP_OK;
     for (int32_t l = 0; l < n_layers && st == PP_OK; l++)
-        st = load_layer(be, resident, c, s, &s->layers[l], &wt->layers[l],
+        st = load_layer(ld, c, s, &s->layers[l], &wt->layers[l],
                         wt->moe ? &wt->moe[l] : NULL);
-    if (st == PP_OK && m->has_embedding)
-        st = load_weight(be, resident, &m->embedding, &wt->embedding);
+    /* a tied head is the embedding itself: loaded once */
+    int tied = m->has_head && m->has_embedding && s->lm_head.data == m->embedding.data &&
+               s->lm_head.rows == m->embedding.rows && s->lm_head.dtype == m->embedding.dtype;
+    if (st == PP_OK && m->has_embedding) {
+        /* a gather reads only the looked-up rows of an embedding that is not also the head: a
+         * host-memory backend leaves it where the model keeps it (no copy of unread rows) */
+        struct loader emb = *ld;
+        emb.resident |= be->host_memory && !tied;
+        st = load_weight(&emb, &m->embedding, &wt->embedding);
+    }
     if (st == PP_OK && m->has_head) {
-        /* a tied head is the embedding itself: loaded once */
-        if (m->has_embedding && s->lm_head.data == m->embedding.data &&
-            s->lm_head.rows == m->embedding.rows && s->lm_head.dtype == m->embedding.dtype)
+        if (tied)
             wt->lm_head = wt->embedding;
         else
-            st = load_weight(be, resident, &s->lm_head, &wt->lm_head);
+            st = load_weight(ld, &s->lm_head, &wt->lm_head);
         float *fn = NULL;
-        if (st == PP_OK && (st = load_vec(be, resident, m->final_norm, c->dim, &fn)) == PP_OK)
+        if (st == PP_OK && (st = load_vec(ld, m->final_norm, c->dim, &fn)) == PP_OK)
             wt->final_norm = fn;
     }
     float *inv = NULL;
-    if (st == PP_OK && (st = load_vec(be, resident, m->inv_freq, c->head_dim / 2, &inv)) == PP_OK)
+    if (st == PP_OK && (st = load_vec(ld, m->inv_freq, c->head_dim / 2, &inv)) == PP_OK)
         wt->inv_freq = inv;
     return st;
 }

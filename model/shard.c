@@ -69,22 +69,34 @@ pp_status pp_shard_check(const struct pp_model_config *c, int32_t tp, int32_t ep
     return PP_OK;
 }
 
-/* p (PP_MEM_WEIGHTS) is freed with the shard. */
-static pp_status own(struct pp_shard *s, void *p)
+/* p (PP_MEM_WEIGHTS: huge_bytes of pp_alloc_huge, or pp_alloc_aligned when 0) is freed with the
+ * shard. */
+static pp_status own(struct pp_shard *s, void *p, size_t huge_bytes)
 {
     if (s->n_owned == s->cap_owned) {
         int32_t cap = s->cap_owned ? s->cap_owned * 2 : 16;
-        void **o = pp_alloc(PP_MEM_MISC, (size_t)cap * sizeof(void *));
+        struct pp_shard_block *o = pp_alloc(PP_MEM_MISC, (size_t)cap * sizeof(*o));
         if (!o)
             return PP_ERR_NOMEM;
         if (s->n_owned)
-            memcpy(o, s->owned, (size_t)s->n_owned * sizeof(void *));
+            memcpy(o, s->owned, (size_t)s->n_owned * sizeof(*o));
         pp_free(PP_MEM_MISC, s->owned);
         s->owned = o;
         s->cap_owned = cap;
     }
-    s->owned[s->n_owned++] = p;
+    s->owned[s->n_owned++] = (struct pp_shard_block){p, huge_bytes};
     return PP_OK;
+}
+
+int pp_shard_owns(const struct pp_shard *s, const void *p)
+{
+    const char *c = p;
+    for (int32_t i = 0; s && c && i < s->n_owned; i++) {
+        const char *b = s->owned[i].p;
+        if (s->owned[i].huge_bytes && c >= b && c < b + s->owned[i].huge_bytes)
+            return 1;
+    }
+    return 0;
 }
 
 /* Rows [r0, r1) of w, in place. */
@@ -110,13 +122,14 @@ static pp_status cols_of(struct pp_shard *s, const struct pp_weight *w, int64_t 
     }
     int64_t src_row = pp_dtype_row_bytes(w->dtype, w->cols);
     int64_t off = pp_dtype_row_bytes(w->dtype, c0), n = pp_dtype_row_bytes(w->dtype, c1 - c0);
-    char *p = pp_alloc_aligned(PP_MEM_WEIGHTS, (size_t)(w->rows * n));
+    size_t bytes = (size_t)(w->rows * n);
+    char *p = pp_alloc_huge(PP_MEM_WEIGHTS, bytes);
     if (!p)
-        return pp_error(PP_ERR_NOMEM, "tp: no memory to repack layer %d %s (%lld bytes)", layer,
-                        what, (long long)(w->rows * n));
-    pp_status st = own(s, p);
+        return pp_error(PP_ERR_NOMEM, "tp: no memory to repack layer %d %s (%zu bytes)", layer,
+                        what, bytes);
+    pp_status st = own(s, p, bytes);
     if (st != PP_OK) {
-        pp_free(PP_MEM_WEIGHTS, p);
+        pp_free_huge(PP_MEM_WEIGHTS, p, bytes);
         return st;
     }
     const char *src = w->data;
@@ -135,7 +148,7 @@ static void *own_zeroed(struct pp_shard *s, size_t bytes)
     if (!p)
         return NULL;
     memset(p, 0, bytes);
-    if (own(s, p) != PP_OK) {
+    if (own(s, p, 0) != PP_OK) {
         pp_free(PP_MEM_WEIGHTS, p);
         return NULL;
     }
@@ -281,8 +294,12 @@ void pp_shard_free(struct pp_shard *s)
 {
     if (!s)
         return;
-    for (int32_t i = 0; i < s->n_owned; i++)
-        pp_free(PP_MEM_WEIGHTS, s->owned[i]);
+    for (int32_t i = 0; i < s->n_owned; i++) {
+        if (s->owned[i].huge_bytes)
+            pp_free_huge(PP_MEM_WEIGHTS, s->owned[i].p, s->owned[i].huge_bytes);
+        else
+            pp_free(PP_MEM_WEIGHTS, s->owned[i].p);
+    }
     pp_free(PP_MEM_MISC, s->owned);
     pp_free(PP_MEM_MISC, s->layers);
     pp_free(PP_MEM_MISC, s);

@@ -2,7 +2,7 @@
  * heads and their KV heads, FFN rows, and LM-head vocabulary rows are split across W workers; the
  * attention output and FFN down projections are split by input columns, so each worker's product is
  * a partial sum that one all-reduce completes. Row slices point into the model's mapped weights;
- * column slices are repacked at load into owned memory of the same dtype. The embedding is used
+ * column slices are repacked at load into owned huge-page memory of the same dtype. The embedding is used
  * whole by every worker (a gather reads only the looked-up rows, and mapped pages are shared).
  *
  * MoE layers (expert parallelism): the router is whole on every worker; the experts are split
@@ -19,6 +19,13 @@
 
 #include "common/status.h"
 #include "model/model.h"
+
+/* Memory a shard owns: a repacked weight slice (huge-page memory, huge_bytes long) or a table of
+ * slices (pp_alloc_aligned, huge_bytes 0). */
+struct pp_shard_block {
+    void *p;
+    size_t huge_bytes;
+};
 
 struct pp_shard {
     int32_t rank;       /* 0..n_ranks-1 */
@@ -39,7 +46,7 @@ struct pp_shard {
     int32_t n_vocab;
     struct pp_layer_weights *layers; /* [last_layer - first_layer] this worker's weights */
     struct pp_weight lm_head;        /* [n_vocab, dim] */
-    void **owned;                    /* repacked slices, freed with the shard */
+    struct pp_shard_block *owned;    /* repacked slices and tables, freed with the shard */
     int32_t n_owned;
     int32_t cap_owned;
 };
@@ -54,6 +61,10 @@ pp_status pp_shard_check(const struct pp_model_config *c, int32_t tp, int32_t ep
 pp_status pp_shard_new(const struct pp_model *m, int32_t tp, int32_t ep, int32_t rank,
                        struct pp_shard **out);
 void pp_shard_free(struct pp_shard *s);
+
+/* 1 when p points into a weight slice this shard repacked (memory of this process, which a
+ * host-memory backend can compute from in place), else 0. */
+int pp_shard_owns(const struct pp_shard *s, const void *p);
 
 /* Bytes of weights this shard reads per forward of its layers (repacked slices included). */
 int64_t pp_shard_weight_bytes(const struct pp_shard *s, const struct pp_model *m);

@@ -110,6 +110,10 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
     if (st == PP_OK)
         st = pp_backends_new(&s->devices, (int)s->cfg.threads, a->n_workers, a->bes);
     if (st == PP_OK) {
+        int map = 0;
+        (void)pp_cpu_weights_parse(s->cfg.cpu_weights, &map); /* checked at start-up */
+        for (int r = 0; r < a->n_workers; r++)
+            pp_backend_cpu_map_weights(a->bes[r], map);
         struct pp_executor_opts eo = {0};
         eo.max_batch_tokens = a->max_batch_tokens;
         eo.kv_budget_bytes = m->kv_budget_bytes > 0 ? (int64_t)m->kv_budget_bytes

@@ -21,6 +21,9 @@ const struct pp_cfg_key pp_stage_config_keys[] = {
     KEY("threads", PP_CFG_INT, threads, 1, 1024, "compute threads, shared among the tp workers"),
     CHECKED("devices", devices, pp_device_spec_check,
             "auto | cpu | cuda:N[,N...] (auto: the GPUs when present, else the CPU)"),
+    CHECKED("cpu_weights", cpu_weights, pp_cpu_weights_check,
+            "copy | map: the CPU backend copies weights into huge-page memory (faster decode) or "
+            "computes from the mapped model file (no copy)"),
     KEY("tp", PP_CFG_INT, tp, 0, 64,
         "tensor-parallel workers (0 = 1, or ep when ep is set, or one per listed GPU)"),
     KEY("ep", PP_CFG_INT, ep, 0, 64, "expert groups among the workers, MoE models (0 = 1)"),
@@ -40,6 +43,7 @@ void pp_stage_config_defaults(struct pp_stage_config *c)
     snprintf(c->model_root, sizeof(c->model_root), "/models");
     snprintf(c->log_level, sizeof(c->log_level), "info");
     snprintf(c->devices, sizeof(c->devices), "auto");
+    snprintf(c->cpu_weights, sizeof(c->cpu_weights), "copy");
     c->threads = 2;
     c->kv_mb = 1024;
     c->max_batch_tokens = 512;
@@ -62,6 +66,9 @@ pp_status pp_stage_config_check(const struct pp_stage_config *c)
     struct pp_device_spec dev;
     if (pp_device_spec_parse(c->devices, &dev) != PP_OK)
         return pp_error(PP_ERR_INVALID_ARG, "key 'devices': %s", pp_error_detail());
+    int map;
+    if (pp_cpu_weights_parse(c->cpu_weights, &map) != PP_OK)
+        return pp_error(PP_ERR_INVALID_ARG, "key 'cpu_weights': %s", pp_error_detail());
     int32_t tp, ep;
     pp_stage_config_degrees(c, &tp, &ep);
     if (tp % ep != 0)

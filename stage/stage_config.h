@@ -12,6 +12,7 @@ struct pp_stage_config {
     char model_root[PP_CFG_STR_MAX];  /* models are loaded only from below this folder */
     int64_t threads;                  /* compute threads, shared among the tp workers */
     char devices[PP_CFG_STR_MAX];     /* "auto" | "cpu" | "cuda:N[,N...]" (kernels/devices.h) */
+    char cpu_weights[PP_CFG_STR_MAX]; /* "copy" | "map": CPU weights copied or used in place */
     int64_t tp;                       /* tensor-parallel workers; 0 = 1, or ep when ep is set */
     int64_t ep;                       /* expert groups among the workers (MoE); 0 = 1 */
     int64_t kv_mb;                    /* KV cache budget */
@@ -27,7 +28,7 @@ extern const int pp_stage_config_n_keys;
 
 void pp_stage_config_defaults(struct pp_stage_config *c);
 /* Checks what one key alone cannot: a coordinator address is given, log_level is known,
- * model_root is a folder, devices parses, ep divides tp, a GPU list has one GPU per tp worker.
+ * model_root is a folder, devices and cpu_weights parse, ep divides tp, a GPU list has one GPU per tp worker.
  * Whether the listed GPUs exist is checked at start-up (pp_devices_resolve). */
 pp_status pp_stage_config_check(const struct pp_stage_config *c);
 

@@ -1,4 +1,6 @@
 /* The CPU backend: its op table, thread pool and per-thread scratch. */
+#include <string.h>
+
 #include "common/alloc.h"
 #include "kernels/cpu/cpu-impl.h"
 
@@ -104,6 +106,30 @@ pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out)
     be->n_threads = n_threads;
     *out = be;
     return PP_OK;
+}
+
+void pp_backend_cpu_map_weights(struct pp_backend *be, int on)
+{
+    if (be && be->ops == &cpu_ops)
+        ((struct pp_cpu *)be->impl)->map_weights = on != 0;
+}
+
+pp_status pp_cpu_weights_parse(const char *text, int *map)
+{
+    if (text && strcmp(text, "copy") == 0)
+        *map = 0;
+    else if (text && strcmp(text, "map") == 0)
+        *map = 1;
+    else
+        return pp_error(PP_ERR_INVALID_ARG, "expected copy (weights copied into huge-page memory) "
+                        "or map (used in place from the model file), got '%s'", text ? text : "");
+    return PP_OK;
+}
+
+pp_status pp_cpu_weights_check(const char *text)
+{
+    int map;
+    return pp_cpu_weights_parse(text, &map);
 }
 
 pp_status pp_backend_cpu_new_workers(int n_threads, int n_workers, struct pp_backend **out)

@@ -22,6 +22,7 @@ struct pp_cpu {
     struct pp_threadpool *pool;
     const struct pp_simd *simd; /* inner loops for this CPU */
     int n_threads;
+    int map_weights;     /* weight_load uses weights in place instead of copying them */
     int64_t max_cols;    /* as reserved */
     int64_t max_context; /* as reserved */
     float *scratch[PP_CPU_SCRATCH_COUNT]; /* [n_threads, cap[slot]] */

@@ -1,6 +1,9 @@
 /* The CPU backend's memory ops: backend memory is host memory, so buffers come from the project
  * allocator, copies are memcpy, nothing is queued (sync has nothing to wait for and the CPU ops
- * cannot fail), and weights and vectors are used in place from wherever the model keeps them. */
+ * cannot fail). Weights are copied into huge-page memory at load (a decode step streams every
+ * weight once: from the model file's 4 KiB page-cache pages it ran about 5% slower on this
+ * project's machine, see docs/benchmarks.md), unless the backend was told to map them, or they are
+ * already this process's memory (resident); vectors are small and used in place. */
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
@@ -51,19 +54,34 @@ pp_status pp__cpu_sync(struct pp_backend *be)
     return PP_OK;
 }
 
+static size_t weight_bytes(const struct pp_weight *w)
+{
+    return (size_t)(w->rows * pp_dtype_row_bytes(w->dtype, w->cols));
+}
+
 pp_status pp__cpu_weight_load(struct pp_backend *be, const struct pp_weight *w, int resident,
                               struct pp_weight *out)
 {
-    (void)be;
-    (void)resident; /* host memory is this backend's memory either way */
     *out = *w;
+    if (resident || pp__cpu(be)->map_weights || !w->data)
+        return PP_OK;
+    size_t bytes = weight_bytes(w);
+    void *p = pp_alloc_huge(PP_MEM_WEIGHTS, bytes);
+    if (!p)
+        return pp_error(PP_ERR_NOMEM, "cpu backend: no memory to copy a [%lld, %lld] %s weight "
+                        "(%zu bytes) out of the model file (cpu_weights = \"map\" computes from "
+                        "the file in place)", (long long)w->rows, (long long)w->cols,
+                        pp_dtype_name(w->dtype), bytes);
+    memcpy(p, w->data, bytes);
+    out->data = p;
     return PP_OK;
 }
 
 void pp__cpu_weight_free(struct pp_backend *be, struct pp_weight *w)
 {
     (void)be;
-    (void)w; /* weight_load made nothing */
+    pp_free_huge(PP_MEM_WEIGHTS, (void *)w->data, weight_bytes(w));
+    w->data = NULL;
 }
 
 pp_status pp__cpu_vec_load(struct pp_backend *be, const float *v, int64_t n, int resident,

@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -121,6 +122,66 @@ static void test_failed_alloc_not_counted(void **state)
     assert_int_equal(pp_mem_live(PP_MEM_RPC), before);
 }
 
+/* The VmFlags line of the mapping that holds p (from /proc/self/smaps), or "" when none. */
+static void vm_flags(const void *p, char *out, size_t cap)
+{
+    out[0] = '\0';
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return;
+    char line[512];
+    int inside = 0;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            snprintf(out, cap, "%s", line);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* Huge-page blocks: zeroed, writable, counted, 2 MiB aligned from 2 MiB up, marked for huge
+ * pages where the kernel has them, released exactly, and subject to the failure injection. */
+static void test_huge_blocks(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {0, 100, (size_t)2 << 20, ((size_t)5 << 20) + 3};
+    int64_t before = pp_mem_live(PP_MEM_WEIGHTS);
+    unsigned char *p[4];
+    int64_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        p[i] = pp_alloc_huge(PP_MEM_WEIGHTS, sizes[i]);
+        assert_non_null(p[i]);
+        total += (int64_t)sizes[i];
+        for (size_t k = 0; k < sizes[i]; k += 4093)
+            assert_int_equal(p[i][k], 0);
+        if (sizes[i]) {
+            memset(p[i], 0xab, sizes[i]);
+            assert_int_equal(p[i][sizes[i] - 1], 0xab);
+        }
+        if (sizes[i] >= ((size_t)2 << 20))
+            assert_int_equal((uintptr_t)p[i] % ((uintptr_t)2 << 20), 0);
+    }
+    assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS) - before, total);
+    FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (thp) { /* MADV_HUGEPAGE shows as "hg" among the mapping's flags */
+        fclose(thp);
+        char flags[512];
+        vm_flags(p[3], flags, sizeof(flags));
+        assert_non_null(strstr(flags, " hg"));
+    }
+    for (int i = 0; i < 4; i++)
+        pp_free_huge(PP_MEM_WEIGHTS, p[i], sizes[i]);
+    pp_free_huge(PP_MEM_WEIGHTS, NULL, 10);
+    assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), before);
+    pp_alloc_fail_at(1);
+    assert_null(pp_alloc_huge(PP_MEM_WEIGHTS, 4096));
+    assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), before);
+}
+
 static void test_category_names(void **state)
 {
     (void)state;
@@ -169,6 +230,7 @@ int main(void)
         cmocka_unit_test(test_alignment_and_zero_size),
         cmocka_unit_test(test_fail_at_nth),
         cmocka_unit_test(test_failed_alloc_not_counted),
+        cmocka_unit_test(test_huge_blocks),
         cmocka_unit_test(test_category_names),
         cmocka_unit_test(test_counts_thread_safe),
     };

@@ -969,7 +969,8 @@ static void test_topk(void **state)
     backends_free(be);
 }
 
-/* Backend memory of the CPU is host memory: buffers, copies and loads are the plain thing. */
+/* Backend memory of the CPU is host memory: buffers and copies are the plain thing; weights are
+ * copied into huge-page memory unless resident or mapped. */
 static void test_memory_ops(void **state)
 {
     (void)state;
@@ -994,10 +995,33 @@ static void test_memory_ops(void **state)
     assert_int_equal(be->ops->sync(be), PP_OK);
     be->ops->buf_free(be, PP_MEM_KV, p);
     assert_int_equal(pp_mem_live(PP_MEM_KV), kv0);
-    /* the CPU computes from the caller's weights in place */
+    /* weights are copied (unchanged) into huge-page memory counted as weights, and freed */
     struct pp_weight w = {src, PP_DTYPE_F32, 10, 10}, out;
+    int64_t w0 = pp_mem_live(PP_MEM_WEIGHTS);
+    assert_int_equal(be->ops->weight_load(be, &w, 0, &out), PP_OK);
+    assert_true(out.data != src);
+    assert_int_equal(out.dtype, PP_DTYPE_F32);
+    assert_int_equal(out.rows, 10);
+    assert_int_equal(out.cols, 10);
+    assert_memory_equal(out.data, src, sizeof(src));
+    assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), w0 + (int64_t)sizeof(src));
+    be->ops->weight_free(be, &out);
+    assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), w0);
+    /* resident weights, and every weight once the backend maps them, are used in place */
+    assert_int_equal(be->ops->weight_load(be, &w, 1, &out), PP_OK);
+    assert_ptr_equal(out.data, src);
+    pp_backend_cpu_map_weights(be, 1);
     assert_int_equal(be->ops->weight_load(be, &w, 0, &out), PP_OK);
     assert_ptr_equal(out.data, src);
+    assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), w0);
+    pp_backend_cpu_map_weights(be, 0);
+    /* no memory for the copy: an error that names the weight and the way out */
+    pp_alloc_fail_at(1);
+    assert_int_equal(be->ops->weight_load(be, &w, 0, &out), PP_ERR_NOMEM);
+    pp_alloc_fail_at(0);
+    assert_non_null(strstr(pp_error_detail(), "no memory to copy a [10, 10] f32 weight (400 bytes)"));
+    assert_non_null(strstr(pp_error_detail(), "cpu_weights = \"map\""));
+    assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), w0);
     const float *v = NULL;
     assert_int_equal(be->ops->vec_load(be, src, 100, 0, &v), PP_OK);
     assert_ptr_equal(v, src);

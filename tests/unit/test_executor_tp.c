@@ -184,6 +184,35 @@ static void test_bytes_reduced(void **state)
     pp_test_engine_close(&e);
 }
 
+/* Weight memory: the CPU workers copy every layer and LM-head tensor once in all (a column slice
+ * the shard repacked is computed from where it is, not copied again; the embedding, read by a
+ * gather, stays mapped unless it is the head), and give it all back. */
+static void test_weights_copied_once(void **state)
+{
+    (void)state;
+    char path[600];
+    write_model("mem", PP_DTYPE_F16, "llama", 4, 4, 64, 128, path, sizeof(path)); /* no KV head replicated */
+    struct pp_model *m;
+    int64_t before = pp_mem_live(PP_MEM_WEIGHTS);
+    assert_int_equal(pp_model_open(path, 0, -1, &m), PP_OK);
+    /* the model's own copies (vectors realigned out of the file) come with the engine's model */
+    int64_t want = pp_mem_live(PP_MEM_WEIGHTS) - before + pp_weight_bytes(&m->lm_head);
+    for (int32_t l = m->first_layer; l < m->last_layer; l++)
+        want += pp_model_layer_bytes(m, l);
+    pp_model_free(m);
+    for (int32_t tp = 1; tp <= 4; tp *= 2) {
+        int64_t w0 = pp_mem_live(PP_MEM_WEIGHTS);
+        struct pp_test_engine e;
+        pp_test_engine_open(&e, path, 0, -1, tp, 0, 2, 256);
+        int64_t got = pp_mem_live(PP_MEM_WEIGHTS) - w0;
+        pp_test_engine_close(&e);
+        if (got != want)
+            fail_msg("tp %d: %lld bytes of weights in memory, expected %lld", tp, (long long)got,
+                     (long long)want);
+        assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), w0);
+    }
+}
+
 static void test_bad_degrees_refused(void **state)
 {
     (void)state;
@@ -248,6 +277,7 @@ int main(void)
         cmocka_unit_test(test_tp_bit_identical_across_batches_threads_windows),
         cmocka_unit_test(test_tp_layer_split),
         cmocka_unit_test(test_bytes_reduced),
+        cmocka_unit_test(test_weights_copied_once),
         cmocka_unit_test(test_bad_degrees_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

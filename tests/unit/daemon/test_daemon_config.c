@@ -156,6 +156,33 @@ static void test_stage_devices(void **state)
                             "key 'devices': expected \"auto\", \"cpu\" or", "got 'gpu:0'");
 }
 
+/* cpu_weights: copy by default (documented in stage.cfg), map from a flag, anything else refused
+ * naming the flag or line, the key, the choices and what arrived. */
+static void test_stage_cpu_weights(void **state)
+{
+    (void)state;
+    struct pp_stage_config c;
+    pp_stage_config_defaults(&c);
+    assert_string_equal(c.cpu_weights, "copy");
+    char *base[] = {"--config", PP_SOURCE_DIR "/deploy/config/stage.cfg", "--model_root", "/tmp",
+                    "--cpu_weights", "map"};
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 4, base),
+                     PP_OK);
+    assert_string_equal(c.cpu_weights, "copy");
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 6, base),
+                     PP_OK);
+    assert_string_equal(c.cpu_weights, "map");
+    assert_int_equal(pp_stage_config_check(&c), PP_OK);
+    char *flag[] = {"--cpu_weights", "mmap"};
+    pp_stage_config_defaults(&c);
+    assert_int_equal(pp_config_from_args(pp_stage_config_keys, pp_stage_config_n_keys, &c, 2, flag),
+                     PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(pp_error_detail(), "--cpu_weights: key 'cpu_weights': expected copy"));
+    assert_non_null(strstr(pp_error_detail(), "got 'mmap'"));
+    expect_stage_file_error("threads = 2;\ncpu_weights = \"huge\";\n", 2,
+                            "key 'cpu_weights': expected copy", "got 'huge'");
+}
+
 static void test_coordinator_cfg(void **state)
 {
     (void)state;
@@ -183,6 +210,7 @@ int main(void)
         cmocka_unit_test(test_stage_cfg),
         cmocka_unit_test(test_stage_degrees),
         cmocka_unit_test(test_stage_devices),
+        cmocka_unit_test(test_stage_cpu_weights),
         cmocka_unit_test(test_coordinator_cfg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
