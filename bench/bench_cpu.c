@@ -12,7 +12,9 @@
  * --decode-batch B (B >= 2) adds, per dtype, decode steps of B sequences together (a small
  * microbatch: B tokens per step, each sequence after a 16-token prompt): tokens/s, and the weights
  * streamed per second (weight bytes of a step ÷ the median step), which shows how well the matmul
- * serves B tokens from one read of the weights. */
+ * serves B tokens from one read of the weights. Last per dtype, decode steps alternating between
+ * weights copied into huge-page memory (the default) and weights mapped from the file: the ratio
+ * of their median steps. The main figures use the default (copied). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +52,8 @@ struct dtype_result {
     double batch_step_s;        /* median step of decode_batch sequences; 0 when not run */
     double batch_weight_bytes;  /* weight bytes one step reads (matrices, LM head) */
     double batch_frac_bw;       /* weight bytes per second ÷ read bandwidth */
+    double copy_step_s;         /* median decode step, weights copied (interleaved with map) */
+    double map_step_s;          /* median decode step, weights mapped from the file */
 };
 
 static int usage(void)
@@ -185,6 +189,64 @@ static pp_status ensure_model(const char *dir, const char *dtype, char *path, si
     return pp_synth_write_gguf(&spec, path);
 }
 
+/* Where the CPU backend's weights live: one executor computing from weights copied into huge-page
+ * memory (the default) and one from the mapped model file, decoding in alternation after an
+ * 8-token prompt (which of the two goes first alternates too), so that both medians come from
+ * the same minutes of this shared machine. */
+static pp_status run_placement(const struct opts *o, const struct pp_model *m,
+                               struct dtype_result *r)
+{
+    enum { PROMPT = 8 };
+    const struct pp_model_config *c = &m->cfg;
+    struct pp_backend *be[2] = {NULL, NULL};
+    struct pp_executor *ex[2] = {NULL, NULL};
+    double *steps = malloc(2 * (size_t)o->decode * sizeof(double));
+    float *logits = malloc((size_t)c->vocab_size * sizeof(float));
+    pp_status st = steps && logits ? PP_OK : PP_ERR_NOMEM;
+    int32_t ids[PROMPT], tok[2];
+    for (int i = 0; i < PROMPT; i++)
+        ids[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
+    for (int k = 0; k < 2 && st == PP_OK; k++) {
+        if ((st = pp_backend_cpu_new(o->threads, &be[k])) != PP_OK)
+            break;
+        pp_backend_cpu_map_weights(be[k], k == 1);
+        struct pp_executor_opts eo = {0};
+        eo.max_seqs = 2;
+        eo.max_context = PROMPT + o->decode + 8;
+        if ((st = pp_executor_new(m, be[k], &eo, &ex[k])) != PP_OK)
+            break;
+        struct pp_exec_seq seq = {1, 0, PROMPT, 1};
+        struct pp_exec_batch b = {1, &seq, ids, NULL};
+        if ((st = pp_executor_forward(ex[k], &b, NULL, logits)) != PP_OK)
+            break;
+        tok[k] = pp_bench_argmax(logits, c->vocab_size);
+    }
+    for (int i = 0; i < o->decode && st == PP_OK; i++)
+        for (int h = 0; h < 2 && st == PP_OK; h++) {
+            int k = (i + h) % 2;
+            struct pp_exec_seq seq = {1, PROMPT + i, 1, 1};
+            struct pp_exec_batch b = {1, &seq, &tok[k], NULL};
+            double t0 = pp_bench_now();
+            st = pp_executor_forward(ex[k], &b, NULL, logits);
+            steps[k * o->decode + i] = pp_bench_now() - t0;
+            tok[k] = pp_bench_argmax(logits, c->vocab_size);
+        }
+    if (st == PP_OK) {
+        for (int k = 0; k < 2; k++)
+            qsort(steps + k * o->decode, (size_t)o->decode, sizeof(double), pp_bench_cmp_double);
+        r->copy_step_s = steps[o->decode / 2];
+        r->map_step_s = steps[o->decode + o->decode / 2];
+    }
+    for (int k = 0; k < 2; k++) {
+        pp_executor_free(ex[k]);
+        if (be[k])
+            be[k]->ops->free(be[k]);
+    }
+    free(steps);
+    free(logits);
+    return st;
+}
+
 static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype_result *r)
 {
     char path[4096];
@@ -255,6 +317,11 @@ static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype
     r->batch_step_s = 0.0;
     if (o->decode_batch > 0)
         st = run_batch(o, ex, m, r);
+    if (st == PP_OK) {
+        pp_executor_free(ex); /* its copy of the weights is not needed for the comparison */
+        ex = NULL;
+        st = run_placement(o, m, r);
+    }
 out:
     free(logits);
     free(ids);
@@ -387,6 +454,15 @@ int main(int argc, char **argv)
                r->decode_bytes_per_token / 1e6, 100 * r->decode_frac_bw,
                100 * r->decode_best_frac_bw, r->prefill_tok_s, 100 * r->prefill_frac_peak);
     }
+    printf("\nweights copied into huge-page memory (the default) vs mapped from the file: decode "
+           "steps in alternation, 8-token prompt, median of %d each\n", o.decode);
+    printf("%-6s %12s %12s %10s\n", "dtype", "copy ms", "map ms", "map/copy");
+    for (int i = 0; i < n_res; i++) {
+        const struct dtype_result *r = &res[i];
+        int len = (int)strcspn(r->dtype, ",");
+        printf("%-6.*s %12.2f %12.2f %10.3f\n", len, r->dtype, r->copy_step_s * 1e3,
+               r->map_step_s * 1e3, r->copy_step_s > 0 ? r->map_step_s / r->copy_step_s : 0.0);
+    }
     if (o.decode_batch > 0) {
         printf("\ndecode steps of %d sequences together (prompt %d each, median of %d steps)\n",
                o.decode_batch, BATCH_PROMPT, o.decode);
@@ -451,6 +527,12 @@ int main(int argc, char **argv)
             pp_json_string(&j, r->dtype, strcspn(r->dtype, ","));
             pp_json_key(&j, "decode_tok_s");
             pp_json_double(&j, r->decode_tok_s);
+            pp_json_key(&j, "decode_step_s_weights_copied");
+            pp_json_double(&j, r->copy_step_s);
+            pp_json_key(&j, "decode_step_s_weights_mapped");
+            pp_json_double(&j, r->map_step_s);
+            pp_json_key(&j, "decode_mapped_over_copied");
+            pp_json_double(&j, r->copy_step_s > 0 ? r->map_step_s / r->copy_step_s : 0.0);
             pp_json_key(&j, "decode_mean_tok_s");
             pp_json_double(&j, r->decode_mean_tok_s);
             pp_json_key(&j, "decode_best_step_tok_s");
