@@ -1,7 +1,7 @@
 /* The CPU backend's memory ops: backend memory is host memory, so buffers come from the project
  * allocator, copies are memcpy, nothing is queued (sync has nothing to wait for and the CPU ops
  * cannot fail). Weights are copied into huge-page memory at load (a decode step streams every
- * weight once: from the model file's 4 KiB page-cache pages it ran about 5% slower on this
+ * weight once: from the model file's 4 KiB page-cache pages it ran 5-9% slower on this
  * project's machine, see docs/benchmarks.md), unless the backend was told to map them, or they are
  * already this process's memory (resident); vectors are small and used in place. */
 #include <string.h>
