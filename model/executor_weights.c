@@ -8,6 +8,7 @@
 
 #include "common/alloc.h"
 #include "model/executor-impl.h"
+#include "model/mapped_file.h"
 
 /* One worker's load: its backend, whether the model's tensors are already that backend's memory,
  * and its shard (whose repacked slices are, for a host-memory backend). */
@@ -24,7 +25,11 @@ static pp_status load_weight(const struct loader *ld, const struct pp_weight *sr
     if (!src->data)
         return PP_OK; /* absent (a MoE layer's dense FFN, no shared expert) */
     int resident = ld->resident || (ld->be->host_memory && pp_shard_owns(ld->shard, src->data));
-    return ld->be->ops->weight_load(ld->be, src, resident, dst);
+    pp_status st = ld->be->ops->weight_load(ld->be, src, resident, dst);
+    /* copied out of the model file: its pages need not stay in this process's resident set */
+    if (st == PP_OK && dst->data != src->data)
+        pp_mapped_file_drop_pages(src->data, pp_weight_bytes(src));
+    return st;
 }
 
 static void free_weight(struct pp_backend *be, const struct pp_weight *src, struct pp_weight *dst)

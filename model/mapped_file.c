@@ -1,12 +1,85 @@
-/* mmap of model files. */
+/* mmap of model files, and a registry of the live maps so that pages of one can be dropped
+ * safely (madvise on memory that is not a file map would discard data). */
 #include "model/mapped_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "common/alloc.h"
+
+struct live_map {
+    const uint8_t *data;
+    int64_t size;
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct live_map *g_maps;
+static int g_n, g_cap;
+
+static int register_map(const uint8_t *data, int64_t size)
+{
+    pthread_mutex_lock(&g_mu);
+    if (g_n == g_cap) {
+        int cap = g_cap ? g_cap * 2 : 16;
+        struct live_map *m = pp_alloc(PP_MEM_MISC, (size_t)cap * sizeof(*m));
+        if (!m) {
+            pthread_mutex_unlock(&g_mu);
+            return -1;
+        }
+        if (g_n)
+            memcpy(m, g_maps, (size_t)g_n * sizeof(*m));
+        pp_free(PP_MEM_MISC, g_maps);
+        g_maps = m;
+        g_cap = cap;
+    }
+    g_maps[g_n++] = (struct live_map){data, size};
+    pthread_mutex_unlock(&g_mu);
+    return 0;
+}
+
+static void unregister_map(const uint8_t *data)
+{
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < g_n; i++)
+        if (g_maps[i].data == data) {
+            g_maps[i] = g_maps[--g_n];
+            break;
+        }
+    if (g_n == 0) {
+        pp_free(PP_MEM_MISC, g_maps);
+        g_maps = NULL;
+        g_cap = 0;
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+int pp_mapped_file_drop_pages(const void *p, int64_t bytes)
+{
+    const uint8_t *b = p;
+    if (!b || bytes <= 0)
+        return 0;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)b + page - 1) & ~(page - 1), hi = ((uintptr_t)b + (uintptr_t)bytes) & ~(page - 1);
+    int dropped = 0;
+    pthread_mutex_lock(&g_mu); /* held across madvise: the map cannot be closed meanwhile */
+    for (int i = 0; i < g_n && !dropped; i++) {
+        const uint8_t *d = g_maps[i].data;
+        if (b >= d && b + bytes <= d + g_maps[i].size) {
+            if (hi > lo)
+                dropped = madvise((void *)lo, hi - lo, MADV_DONTNEED) == 0;
+            else
+                dropped = 1; /* inside a map, but no whole page to drop */
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return dropped;
+}
 
 pp_status pp_mapped_file_open(const char *path, struct pp_mapped_file *out)
 {
@@ -32,6 +105,11 @@ pp_status pp_mapped_file_open(const char *path, struct pp_mapped_file *out)
             close(fd);
             return pp_error(PP_ERR_IO, "cannot mmap %s: %s", path, strerror(e));
         }
+        if (register_map(p, st.st_size) != 0) {
+            munmap(p, (size_t)st.st_size);
+            close(fd);
+            return pp_error(PP_ERR_NOMEM, "cannot map %s: no memory to record the map", path);
+        }
         out->data = p;
         out->size = st.st_size;
     }
@@ -41,8 +119,10 @@ pp_status pp_mapped_file_open(const char *path, struct pp_mapped_file *out)
 
 void pp_mapped_file_close(struct pp_mapped_file *f)
 {
-    if (f && f->data)
+    if (f && f->data) {
+        unregister_map(f->data);
         munmap((void *)f->data, (size_t)f->size);
+    }
     if (f) {
         f->data = NULL;
         f->size = 0;
