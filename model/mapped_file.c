@@ -65,7 +65,8 @@ int pp_mapped_file_drop_pages(const void *p, int64_t bytes)
     if (!b || bytes <= 0)
         return 0;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = ((uintptr_t)b + page - 1) & ~(page - 1), hi = ((uintptr_t)b + (uintptr_t)bytes) & ~(page - 1);
+    uintptr_t lo = ((uintptr_t)b + page - 1) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)b + (uintptr_t)bytes) & ~(page - 1);
     int dropped = 0;
     pthread_mutex_lock(&g_mu); /* held across madvise: the map cannot be closed meanwhile */
     for (int i = 0; i < g_n && !dropped; i++) {
