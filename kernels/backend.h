@@ -193,8 +193,8 @@ void pp_backend_free_all(struct pp_backend **bes, int n);
 
 /* CPU backend: on = 1 makes weight_load use weights in place, from wherever the model keeps them
  * (the mapped model file: no copy, the page cache shared with other processes, but 4 KiB pages
- * that made decode 5-9% slower here); on = 0 (the default) copies each weight into huge-page memory.
- * Applies to weights loaded afterwards; does nothing on another backend. */
+ * that made decode 5-9% slower here); on = 0 (the default) copies each weight into huge-page
+ * memory. Applies to weights loaded afterwards; does nothing on another backend. */
 void pp_backend_cpu_map_weights(struct pp_backend *be, int on);
 /* The `cpu_weights` setting: "copy" (*map = 0) or "map" (*map = 1); otherwise PP_ERR_INVALID_ARG
  * saying what was expected and what arrived (callers name the key or flag). */

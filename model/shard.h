@@ -2,8 +2,9 @@
  * heads and their KV heads, FFN rows, and LM-head vocabulary rows are split across W workers; the
  * attention output and FFN down projections are split by input columns, so each worker's product is
  * a partial sum that one all-reduce completes. Row slices point into the model's mapped weights;
- * column slices are repacked at load into owned huge-page memory of the same dtype. The embedding is used
- * whole by every worker (a gather reads only the looked-up rows, and mapped pages are shared).
+ * column slices are repacked at load into owned huge-page memory of the same dtype. The embedding
+ * is used whole by every worker (a gather reads only the looked-up rows, and mapped pages are
+ * shared).
  *
  * MoE layers (expert parallelism): the router is whole on every worker; the experts are split
  * into E groups (ep), each group's experts tensor-split W / E ways as above (gate/up rows in place, down

@@ -28,8 +28,8 @@ extern const int pp_stage_config_n_keys;
 
 void pp_stage_config_defaults(struct pp_stage_config *c);
 /* Checks what one key alone cannot: a coordinator address is given, log_level is known,
- * model_root is a folder, devices and cpu_weights parse, ep divides tp, a GPU list has one GPU per tp worker.
- * Whether the listed GPUs exist is checked at start-up (pp_devices_resolve). */
+ * model_root is a folder, devices and cpu_weights parse, ep divides tp, a GPU list has one GPU
+ * per tp worker. Whether the listed GPUs exist is checked at start-up (pp_devices_resolve). */
 pp_status pp_stage_config_check(const struct pp_stage_config *c);
 
 /* The degrees the stage runs with: tp workers (ep alone sets it: pure expert parallelism, as
