@@ -207,8 +207,8 @@ int main(int argc, char **argv)
     }
     s->serving_since = pp_clock_mono();
     PP_INFO("stage listening on %s", s->advertise);
-    PP_INFO("workers: tp=%d ep=%d threads=%lld devices=%s", s->tp, s->ep,
-            (long long)s->cfg.threads, s->devices_used);
+    PP_INFO("workers: tp=%d ep=%d threads=%lld devices=%s cpu_weights=%s", s->tp, s->ep,
+            (long long)s->cfg.threads, s->devices_used, s->cfg.cpu_weights);
     if (s->devices.kind == PP_DEVICE_CPU && s->tp > s->cfg.threads)
         PP_WARN("tp %d with %lld threads: each worker still runs one thread, so %d threads share "
                 "the cores", s->tp, (long long)s->cfg.threads, s->tp);

@@ -40,6 +40,7 @@ struct cluster_opts {
     int32_t microbatches;
     const char *log_level;
     const char *devices;
+    const char *cpu_weights;
     struct pp_device_spec want; /* --devices as parsed (check_opts) */
     int32_t workers;            /* per stage: tp, or ep alone, or 1 (check_opts) */
     struct pp_device_spec use;  /* the resolved devices: the CPU, or stages × workers GPUs */
@@ -240,6 +241,8 @@ static int start_stage(struct cluster *c, int i, const struct cluster_opts *o,
     pp_device_spec_format(&mine, devices, sizeof(devices));
     argv[k++] = "--devices";
     argv[k++] = devices;
+    argv[k++] = "--cpu_weights";
+    argv[k++] = (char *)o->cpu_weights;
     argv[k++] = "--log_level";
     argv[k++] = (char *)o->log_level;
     argv[k] = NULL;
@@ -347,6 +350,11 @@ static int check_opts(struct cluster_opts *o)
         fprintf(stderr, "ppserve cluster: --devices: %s\n", pp_error_detail());
         return 2;
     }
+    int map;
+    if (pp_cpu_weights_parse(o->cpu_weights, &map) != PP_OK) {
+        fprintf(stderr, "ppserve cluster: --cpu-weights: %s\n", pp_error_detail());
+        return 2;
+    }
     o->workers = o->tp > 0 ? o->tp : o->ep > 0 ? o->ep : 1;
     if (o->want.kind == PP_DEVICE_CUDA && o->want.n != o->stages * o->workers) {
         fprintf(stderr, "ppserve cluster: --devices: expected %d GPU ids (%d stages x %d workers, "
@@ -371,6 +379,7 @@ int pp_cmd_cluster(int argc, char **argv)
     o.microbatches = -1;
     o.log_level = "warn";
     o.devices = "auto";
+    o.cpu_weights = "copy";
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     struct pp_arg args[] = {
         {"model", PP_ARG_STRING, &o.model, 0, 0, "GGUF file or HF checkpoint directory (required)"},
@@ -389,6 +398,9 @@ int pp_cmd_cluster(int argc, char **argv)
         {"log-level", PP_ARG_STRING, &o.log_level, 0, 0, "the daemons' debug|info|warn|error (default warn)"},
         {"devices", PP_ARG_STRING, &o.devices, 0, 0,
          "auto | cpu | cuda:N[,N...] (stages x tp GPU ids, dealt out in order; default auto)"},
+        {"cpu-weights", PP_ARG_STRING, &o.cpu_weights, 0, 0,
+         "copy | map: stages on the CPU copy weights into huge-page memory (default) or compute "
+         "from the mapped model file"},
         {"help", PP_ARG_FLAG, &o.help, 0, 0, "show this help"},
     };
     int n = (int)(sizeof(args) / sizeof(args[0]));

@@ -152,8 +152,10 @@ def stop(proc):
 
 
 def test_cluster_runs_p_stages_of_w_workers(model, tmp_path):
+    """2 stages of 2 workers on the CPU, computing from the mapped model file (--cpu-weights map;
+    the other cluster tests run the default, copied weights): the single process's logits."""
     proc = run_cluster(model, tmp_path, "--tp", "2", "--threads", "2", "--devices", "cpu",
-                       "--log-level", "info")
+                       "--cpu-weights", "map", "--log-level", "info")
     try:
         p = run([PPSERVE, "status", "--addr", proc.addr, "--wait", str(int(scaled(60))),
                  "--json"], check=False, timeout=scaled(90))
@@ -165,9 +167,9 @@ def test_cluster_runs_p_stages_of_w_workers(model, tmp_path):
         check_against_single_process(proc.addr, model, tmp_path)
         stop(proc)
         assert proc.returncode == 0, proc.log.read_text(errors="replace")
-        # each stage was handed the CPU and says so when it starts
+        # each stage was handed the CPU and the weights placement, and says so when it starts
         text = proc.log.read_text(errors="replace")
-        assert text.count("devices=cpu") >= 2, text[-3000:]
+        assert text.count("devices=cpu cpu_weights=map") == 2, text[-3000:]
     finally:
         stop(proc)
 
@@ -201,6 +203,13 @@ def test_cluster_refuses_bad_device_lists(model, tmp_path, devices, rc, words):
     assert p.returncode == rc, p.stderr
     for w in words:
         assert w in p.stderr, p.stderr
+
+
+def test_cluster_refuses_a_bad_cpu_weights(model):
+    p = run([PPSERVE, "cluster", "--model", str(model / "model.gguf"), "--stages", "2",
+             "--port", str(free_port()), "--cpu-weights", "huge"], check=False, timeout=30)
+    assert p.returncode == 2, p.stderr
+    assert "--cpu-weights: expected copy" in p.stderr and "got 'huge'" in p.stderr, p.stderr
 
 
 def test_cluster_on_gpus_this_host_lacks_stops_at_once(model, tmp_path):
