@@ -244,6 +244,7 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
     out.n_stages = (size_t)co->n_stages;
     out.stages = sp;
     double busy_sum = 0;
+    int worked = 0;
     for (int i = 0; i < co->n_stages; i++) {
         const struct co_stage *s = &co->stages[i];
         Ppserve__V1__StageStatus *o = &ss[i];
@@ -279,8 +280,10 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
         /* before the first heartbeat after assignment, the capacity the stage announced */
         o->kv_blocks_total = s->stats.kv_blocks_total ? s->stats.kv_blocks_total : s->kv_blocks;
         busy_sum += o->busy_fraction;
+        worked |= o->busy_fraction > 0 || s->now.tokens > s->then.tokens;
     }
-    out.bubble_fraction = co->n_stages > 0 ? 1.0 - busy_sum / co->n_stages : 0.0;
+    out.idle = co->n_stages > 0 && !worked;
+    out.bubble_fraction = co->n_stages > 0 && worked ? 1.0 - busy_sum / co->n_stages : 0.0;
     out.requests_running = (uint32_t)co->n_running;
     out.requests_queued = (uint32_t)co->n_queued;
     out.tokens_per_s = co->tokens_per_s;

@@ -63,7 +63,10 @@ void pp_remote_status_print(FILE *f, const Ppserve__V1__StatusResponse *s)
     fprintf(f, "state        %s%s\n", s->blocked ? "BLOCKED: " : "", str_or(s->state, "-"));
     fprintf(f, "requests     %u running, %u queued\n", s->requests_running, s->requests_queued);
     fprintf(f, "tokens/s     %.1f\n", s->tokens_per_s);
-    fprintf(f, "bubble       %.1f%%\n", s->bubble_fraction * 100.0);
+    if (s->idle)
+        fprintf(f, "bubble       - (idle: no stage computed in the last window)\n");
+    else
+        fprintf(f, "bubble       %.1f%%\n", s->bubble_fraction * 100.0);
     fprintf(f, "in flight    %u microbatches\n", s->microbatches_in_flight);
     if (s->n_stages == 0) {
         fprintf(f, "stages       none\n");
@@ -127,6 +130,8 @@ void pp_remote_status_print_json(FILE *f, const Ppserve__V1__StatusResponse *s)
     json_int(&j, "requests_queued", s->requests_queued);
     json_double(&j, "tokens_per_s", s->tokens_per_s);
     json_double(&j, "bubble_fraction", s->bubble_fraction);
+    pp_json_key(&j, "idle");
+    pp_json_bool(&j, s->idle);
     json_int(&j, "microbatches_in_flight", s->microbatches_in_flight);
     pp_json_key(&j, "blocked");
     pp_json_bool(&j, s->blocked);

@@ -87,6 +87,9 @@ def test_cluster_status_generate_trace_stop(ppcluster, model, tmp_path):
     assert [(x["first_layer"], x["last_layer"]) for x in s["stages"]] == [(0, 2), (2, 5), (5, 6)]
     table = run([PPSERVE, "status", "--addr", ppcluster.addr]).stdout
     assert "serving" in table
+    # nothing computed yet: an idle pipeline, not a 100% bubble
+    assert s["idle"] is True and s["bubble_fraction"] == 0, s
+    assert "bubble       - (idle: no stage computed in the last window)" in table, table
 
     gguf = model / "model.gguf"
     flags = ["--temperature", "0.9", "--top-p", "0.9", "--seed", "42", "--ignore-eos"]
