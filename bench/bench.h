@@ -21,6 +21,15 @@ int pp_bench_argmax(const float *v, int n);
  * loads, in one stream or four per thread (or plain C without AVX2): bytes read per second. */
 double pp_bench_read_bandwidth(int n_threads);
 
+/* A buffer for single bandwidth passes taken between other measurements (pp_bench's decode steps
+ * beside the bandwidth): bytes of floats, written once; NULL when it cannot be had. */
+struct pp_bench_bw;
+struct pp_bench_bw *pp_bench_bw_new(size_t bytes);
+void pp_bench_bw_free(struct pp_bench_bw *b);
+/* One pass of n_threads threads over the buffer, each summing its share in one stream or four
+ * (streams 1 or 4): bytes read per second. */
+double pp_bench_bw_pass(struct pp_bench_bw *b, int n_threads, int streams);
+
 /* Best of several runs of n_threads threads each issuing 12 independent chains of 8-wide FMAs:
  * FP32 FLOP per second (an FMA counts 2). 0 when the CPU has no FMA. */
 double pp_bench_fma_peak(int n_threads);

@@ -14,7 +14,15 @@
  * streamed per second (weight bytes of a step ÷ the median step), which shows how well the matmul
  * serves B tokens from one read of the weights. Last per dtype, decode steps alternating between
  * weights copied into huge-page memory (the default) and weights mapped from the file: the ratio
- * of their median steps. The main figures use the default (copied). */
+ * of their median steps. The main figures use the default (copied).
+ *
+ * The bandwidth of a shared machine drifts (neighbours on the host take and give back memory
+ * bandwidth: we have seen 35 and 50 GB/s minutes apart), so the bound measured before and after
+ * can belong to another moment than the decode steps. Each dtype therefore also runs "decode
+ * beside the bandwidth": decode steps alternating with single read passes over a 256 MiB buffer
+ * (one stream per thread, then four); a step's bound is the better of the passes just before and
+ * after it, its fraction is its bytes per second over that bound, and the figure is the median
+ * fraction. Both figures are printed and written. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +62,9 @@ struct dtype_result {
     double batch_frac_bw;       /* weight bytes per second ÷ read bandwidth */
     double copy_step_s;         /* median decode step, weights copied (interleaved with map) */
     double map_step_s;          /* median decode step, weights mapped from the file */
+    double beside_frac_bw;      /* median over steps of bytes/s ÷ the passes beside the step */
+    double beside_bw;           /* median of the steps' bounds */
+    double beside_tok_s;        /* from the median of those steps */
 };
 
 static int usage(void)
@@ -247,6 +258,55 @@ static pp_status run_placement(const struct opts *o, const struct pp_model *m,
     return st;
 }
 
+#define BESIDE_BW_BYTES ((size_t)256 << 20)
+
+/* Decode beside the bandwidth (see the top of the file): o->decode steps of sequence 1 from
+ * position pos, each between two single read passes. */
+static pp_status run_beside(const struct opts *o, struct pp_executor *ex, const struct pp_model *m,
+                            int32_t tok, int64_t pos, float *logits, struct dtype_result *r)
+{
+    int n = o->decode;
+    struct pp_bench_bw *probe = pp_bench_bw_new(BESIDE_BW_BYTES);
+    double *pass = malloc(sizeof(double) * (size_t)(n + 1));
+    double *step = malloc(sizeof(double) * (size_t)n);
+    double *frac = malloc(sizeof(double) * (size_t)n);
+    double *bound = malloc(sizeof(double) * (size_t)n);
+    pp_status st = PP_OK;
+    if (!probe || !pass || !step || !frac || !bound) {
+        st = PP_ERR_NOMEM;
+        goto out;
+    }
+    pass[0] = pp_bench_bw_pass(probe, o->threads, 1);
+    for (int i = 0; i < n && st == PP_OK; i++) {
+        struct pp_exec_seq seq = {1, pos + i, 1, 1};
+        struct pp_exec_batch b = {1, &seq, &tok, NULL};
+        double t0 = pp_bench_now();
+        st = pp_executor_forward(ex, &b, NULL, logits);
+        step[i] = pp_bench_now() - t0;
+        tok = pp_bench_argmax(logits, m->cfg.vocab_size);
+        pass[i + 1] = pp_bench_bw_pass(probe, o->threads, (i + 1) % 2 ? 4 : 1);
+    }
+    if (st != PP_OK)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        bound[i] = pass[i] > pass[i + 1] ? pass[i] : pass[i + 1];
+        frac[i] = decode_bytes(m, (double)(pos + i)) / step[i] / bound[i];
+    }
+    qsort(frac, (size_t)n, sizeof(double), pp_bench_cmp_double);
+    qsort(bound, (size_t)n, sizeof(double), pp_bench_cmp_double);
+    qsort(step, (size_t)n, sizeof(double), pp_bench_cmp_double);
+    r->beside_frac_bw = frac[n / 2];
+    r->beside_bw = bound[n / 2];
+    r->beside_tok_s = 1.0 / step[n / 2];
+out:
+    pp_bench_bw_free(probe);
+    free(pass);
+    free(step);
+    free(frac);
+    free(bound);
+    return st;
+}
+
 static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype_result *r)
 {
     char path[4096];
@@ -265,7 +325,7 @@ static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype
         goto out;
     struct pp_executor_opts eo = {0};
     eo.max_seqs = 2 + o->decode_batch;
-    eo.max_context = o->prompt + o->decode + 8;
+    eo.max_context = o->prompt + 2 * o->decode + 8; /* the decode steps, then those beside */
     if ((st = pp_executor_new(m, be, &eo, &ex)) != PP_OK)
         goto out;
     const struct pp_model_config *c = &m->cfg;
@@ -315,7 +375,8 @@ static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype
     r->decode_bytes_per_token = decode_bytes(m, o->prompt + o->decode / 2.0);
     r->prefill_flops_per_token = prefill_flops(m, o->prompt) / o->prompt;
     r->batch_step_s = 0.0;
-    if (o->decode_batch > 0)
+    st = run_beside(o, ex, m, tok, o->prompt + o->decode, logits, r);
+    if (st == PP_OK && o->decode_batch > 0)
         st = run_batch(o, ex, m, r);
     if (st == PP_OK) {
         pp_executor_free(ex); /* its copy of the weights is not needed for the comparison */
@@ -454,6 +515,15 @@ int main(int argc, char **argv)
                r->decode_bytes_per_token / 1e6, 100 * r->decode_frac_bw,
                100 * r->decode_best_frac_bw, r->prefill_tok_s, 100 * r->prefill_frac_peak);
     }
+    printf("\ndecode beside the bandwidth: %d steps, each between two single read passes; a step's "
+           "bound is the better pass beside it\n", o.decode);
+    printf("%-6s %12s %14s %14s\n", "dtype", "decode tok/s", "bound GB/s", "decode/bound");
+    for (int i = 0; i < n_res; i++) {
+        const struct dtype_result *r = &res[i];
+        int len = (int)strcspn(r->dtype, ",");
+        printf("%-6.*s %12.2f %14.2f %13.1f%%\n", len, r->dtype, r->beside_tok_s,
+               r->beside_bw / 1e9, 100 * r->beside_frac_bw);
+    }
     printf("\nweights copied into huge-page memory (the default) vs mapped from the file: decode "
            "steps in alternation, 8-token prompt, median of %d each\n", o.decode);
     printf("%-6s %12s %12s %10s\n", "dtype", "copy ms", "map ms", "map/copy");
@@ -543,6 +613,15 @@ int main(int argc, char **argv)
             pp_json_double(&j, r->decode_bytes_per_token);
             pp_json_key(&j, "decode_fraction_of_bandwidth_bound");
             pp_json_double(&j, r->decode_frac_bw);
+            pp_json_key(&j, "decode_beside_bandwidth");
+            pp_json_begin_object(&j);
+            pp_json_key(&j, "tok_s");
+            pp_json_double(&j, r->beside_tok_s);
+            pp_json_key(&j, "bound_bytes_s_median");
+            pp_json_double(&j, r->beside_bw);
+            pp_json_key(&j, "fraction_of_bound_median");
+            pp_json_double(&j, r->beside_frac_bw);
+            pp_json_end_object(&j);
             pp_json_key(&j, "prefill_tok_s");
             pp_json_double(&j, r->prefill_tok_s);
             pp_json_key(&j, "prefill_flops_per_token");

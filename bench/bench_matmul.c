@@ -2,30 +2,35 @@
  * weights streamed.
  *
  *   pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] [--tokens 1,2,4,8,12] [--reps R]
- *                   [--row-div D] [--json PATH]
+ *                   [--row-div D] [--layers L] [--json PATH]
  *
- * The weights are the seven matrices of one tinyllama layer (wq, wk, wv, wo, gate, up, down; 88 MB
- * in f16, beyond a 32 MiB L3), random, in the given dtype. One pass runs the seven matmuls in a
- * decode step's order with n tokens; a figure is the median of R passes (best beside it) after a
- * warm-up pass. GB/s = weight bytes of the pass ÷ its time: each weight byte is read once per
- * call, so this is the rate the kernel streams weights at, to compare with pp_bench's read
- * bandwidth. "cpu GB/s" divides by the median CPU time of the process per thread instead, which a
+ * The weights are the seven matrices of a tinyllama layer (wq, wk, wv, wo, gate, up, down; 88 MB
+ * in f16), random, in the given dtype, in huge-page memory as the engine holds them, L distinct
+ * copies (default 8: 705 MB in f16, so that no pass finds the last one's weights in a 32 MiB L3 —
+ * one 88 MB layer read again and again did, and streamed 10-20% faster than a model can). One
+ * pass runs the L × 7 matmuls in a decode step's order with n tokens; a figure is the median of R
+ * passes (best beside it) after a warm-up pass. GB/s = weight bytes of the pass ÷ its time: each
+ * weight byte is read once per call, so this is the rate the kernel streams weights at; the read
+ * bandwidth of pp_bench, measured before and after the passes, is printed beside it ("of bw":
+ * GB/s over the better of the two). "cpu GB/s" divides by the median CPU time of the process per thread instead, which a
  * preempting neighbour does not inflate (exact with one thread; with more it counts the workers'
- * spinning between calls). --row-div D keeps 1/D of each matrix's rows: with D = 64 (1.4 MB in
- * f16) the weights come from the caches, which shows what the loops cost without the memory. Not
- * run by ctest. */
+ * spinning between calls). --row-div D keeps 1/D of each matrix's rows, and one layer: with D = 64
+ * (1.4 MB in f16) the weights come from the caches, which shows what the loops cost without the
+ * memory. Not run by ctest. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "bench/bench.h"
+#include "common/alloc.h"
 #include "common/json_write.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 
 #define N_MATS 7
 #define MAX_TOKENS 512
+#define MAX_LAYERS 32
 
 static const struct pp_bench_shape mats[N_MATS] = {
     {"wq", 2048, 2048},   {"wk", 256, 2048},   {"wv", 256, 2048},  {"wo", 2048, 2048},
@@ -45,14 +50,14 @@ static uint64_t rng(uint64_t *s)
     return *s >> 33;
 }
 
-/* A random [rows, cols] weight stored as dt. */
+/* A random [rows, cols] weight stored as dt, in huge-page memory (pp_free_huge frees it). */
 static void *weight_new(enum pp_dtype dt, int64_t rows, int64_t cols, uint64_t *seed)
 {
     int64_t rb = pp_dtype_row_bytes(dt, cols);
-    char *w = aligned_alloc(64, (size_t)((rows * rb + 63) / 64 * 64));
+    char *w = pp_alloc_huge(PP_MEM_WEIGHTS, (size_t)(rows * rb));
     float *row = malloc(sizeof(float) * (size_t)cols);
     if (!w || !row) {
-        free(w);
+        pp_free_huge(PP_MEM_WEIGHTS, w, (size_t)(rows * rb));
         free(row);
         return NULL;
     }
@@ -100,7 +105,7 @@ static int parse_list(const char *s, int *out, int cap)
 
 int main(int argc, char **argv)
 {
-    int threads = 1, reps = 9, tokens[16], n_tokens, row_div = 1;
+    int threads = 1, reps = 9, tokens[16], n_tokens, row_div = 1, layers = 0;
     char dtypes[64] = "f16,bf16,q8_0";
     const char *json = NULL, *tok_list = "1,2,4,8,12";
     for (int i = 1; i < argc; i += 2) {
@@ -119,11 +124,16 @@ int main(int argc, char **argv)
             json = v;
         else if (strcmp(a, "--row-div") == 0)
             row_div = atoi(v);
+        else if (strcmp(a, "--layers") == 0)
+            layers = atoi(v);
         else
             goto usage;
     }
     n_tokens = parse_list(tok_list, tokens, 16);
-    if (threads < 1 || reps < 1 || n_tokens < 1 || row_div < 1 || row_div > 256)
+    if (layers == 0)
+        layers = row_div > 1 ? 1 : 8;
+    if (threads < 1 || reps < 1 || n_tokens < 1 || row_div < 1 || row_div > 256 || layers < 1 ||
+        layers > MAX_LAYERS)
         goto usage;
 
     struct pp_backend *be;
@@ -140,8 +150,10 @@ int main(int argc, char **argv)
         x[i] = (float)(rng(&seed) & 0xffff) / 32768.0f - 1.0f;
 
     double load0 = pp_bench_loadavg();
-    printf("pp_bench_matmul: %d threads, one tinyllama layer's matrices (1/%d of the rows), median "
-           "of %d passes (load average %.2f)\n", threads, row_div, reps, load0);
+    double bw0 = pp_bench_read_bandwidth(threads);
+    printf("pp_bench_matmul: %d threads, %d tinyllama layers' matrices (1/%d of the rows), median "
+           "of %d passes (load average %.2f, read bandwidth %.2f GB/s)\n", threads, layers,
+           row_div, reps, load0, bw0 / 1e9);
     printf("%-6s %6s %10s %10s %9s %9s %9s %9s\n", "dtype", "tokens", "MB/pass", "median ms",
            "GB/s", "best GB/s", "cpu GB/s", "GFLOP/s");
     struct result res[64];
@@ -154,14 +166,18 @@ int main(int argc, char **argv)
             fprintf(stderr, "unknown dtype %s\n", d);
             return 2;
         }
-        struct pp_weight w[N_MATS];
+        static struct pp_weight w[MAX_LAYERS * N_MATS];
+        int n_w = layers * N_MATS;
         double bytes = 0.0, flops_per_tok = 0.0;
-        for (int m = 0; m < N_MATS; m++) {
+        for (int i = 0; i < n_w; i++) {
+            int m = i % N_MATS;
             int64_t rows = mats[m].rows / row_div;
             void *data = weight_new((enum pp_dtype)dt, rows, mats[m].cols, &seed);
-            if (!data)
+            if (!data) {
+                fprintf(stderr, "out of memory for %d layers of %s weights\n", layers, d);
                 return 1;
-            w[m] = (struct pp_weight){data, (enum pp_dtype)dt, rows, mats[m].cols};
+            }
+            w[i] = (struct pp_weight){data, (enum pp_dtype)dt, rows, mats[m].cols};
             bytes += (double)rows * (double)pp_dtype_row_bytes(dt, mats[m].cols);
             flops_per_tok += 2.0 * (double)rows * (double)mats[m].cols;
         }
@@ -169,8 +185,8 @@ int main(int argc, char **argv)
             int n = tokens[ti];
             for (int r = -1; r < reps; r++) {
                 double c0 = cpu_now(), t0 = pp_bench_now();
-                for (int m = 0; m < N_MATS; m++)
-                    be->ops->matmul(be, y, x, &w[m], n);
+                for (int i = 0; i < n_w; i++)
+                    be->ops->matmul(be, y, x, &w[i], n);
                 if (r >= 0) {
                     times[r] = pp_bench_now() - t0;
                     cpus[r] = cpu_now() - c0;
@@ -189,11 +205,18 @@ int main(int argc, char **argv)
                    o->median_s * 1e3, bytes / o->median_s / 1e9, bytes / o->best_s / 1e9,
                    bytes / o->cpu_s / 1e9, flops_per_tok * n / o->median_s / 1e9);
         }
-        for (int m = 0; m < N_MATS; m++)
-            free((void *)w[m].data);
+        for (int i = 0; i < n_w; i++)
+            pp_free_huge(PP_MEM_WEIGHTS, (void *)w[i].data,
+                         (size_t)(w[i].rows * pp_dtype_row_bytes(w[i].dtype, w[i].cols)));
     }
     double load1 = pp_bench_loadavg();
-    printf("load average at the end %.2f\n", load1);
+    double bw1 = pp_bench_read_bandwidth(threads), bw = bw0 > bw1 ? bw0 : bw1;
+    printf("load average at the end %.2f, read bandwidth %.2f GB/s\n", load1, bw1 / 1e9);
+    if (bw > 0.0)
+        for (int i = 0; i < n_res; i++)
+            printf("%-6s %6d tokens: %5.1f%% of the read bandwidth (median pass), %5.1f%% (best)\n",
+                   res[i].dtype, res[i].tokens, 100.0 * res[i].bytes / res[i].median_s / bw,
+                   100.0 * res[i].bytes / res[i].best_s / bw);
     be->ops->free(be);
 
     if (json) {
@@ -204,6 +227,13 @@ int main(int argc, char **argv)
         pp_json_int(&j, threads);
         pp_json_key(&j, "row_div");
         pp_json_int(&j, row_div);
+        pp_json_key(&j, "layers");
+        pp_json_int(&j, layers);
+        pp_json_key(&j, "read_bytes_per_s");
+        pp_json_begin_array(&j);
+        pp_json_double(&j, bw0);
+        pp_json_double(&j, bw1);
+        pp_json_end_array(&j);
         pp_json_key(&j, "reps");
         pp_json_int(&j, reps);
         pp_json_key(&j, "load_average");
@@ -250,6 +280,6 @@ int main(int argc, char **argv)
 
 usage:
     fprintf(stderr, "usage: pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] "
-                    "[--tokens 1,2,4,8,12] [--reps R] [--row-div D] [--json PATH]\n");
+                    "[--tokens 1,2,4,8,12] [--reps R] [--row-div D] [--layers L] [--json PATH]\n");
     return 2;
 }

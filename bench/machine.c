@@ -94,38 +94,71 @@ static void run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size)
         pthread_join(th[i], NULL);
 }
 
-double pp_bench_read_bandwidth(int n_threads)
+struct pp_bench_bw {
+    float *buf;
+    size_t n; /* floats */
+};
+
+struct pp_bench_bw *pp_bench_bw_new(size_t bytes)
+{
+    struct pp_bench_bw *b = malloc(sizeof(*b));
+    if (!b)
+        return NULL;
+    b->n = bytes / sizeof(float) / 256 * 256;
+    b->buf = aligned_alloc(64, b->n * sizeof(float));
+    if (!b->buf) {
+        free(b);
+        return NULL;
+    }
+    for (size_t i = 0; i < b->n; i++)
+        b->buf[i] = (float)(i & 1023);
+    return b;
+}
+
+void pp_bench_bw_free(struct pp_bench_bw *b)
+{
+    if (b) {
+        free(b->buf);
+        free(b);
+    }
+}
+
+double pp_bench_bw_pass(struct pp_bench_bw *b, int n_threads, int streams)
 {
     if (n_threads > 64)
         n_threads = 64;
-    float *buf = aligned_alloc(64, BW_BYTES);
-    if (!buf)
+    if (n_threads < 1)
+        n_threads = 1;
+    size_t per = b->n / (size_t)n_threads / 32 * 32;
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)n_threads);
+    struct bw_arg args[64];
+    for (int i = 0; i < n_threads; i++)
+        args[i] = (struct bw_arg){b->buf + (size_t)i * per, per, streams == 4 ? 4 : 1, &bar, 0, 0, 0};
+    run_threads(n_threads, bw_thread, args, sizeof(args[0]));
+    double t0 = args[0].t0, t1 = args[0].t1;
+    for (int i = 1; i < n_threads; i++) {
+        if (args[i].t0 < t0)
+            t0 = args[i].t0;
+        if (args[i].t1 > t1)
+            t1 = args[i].t1;
+    }
+    pthread_barrier_destroy(&bar);
+    return (double)(per * (size_t)n_threads * sizeof(float)) / (t1 - t0);
+}
+
+double pp_bench_read_bandwidth(int n_threads)
+{
+    struct pp_bench_bw *b = pp_bench_bw_new(BW_BYTES);
+    if (!b)
         return 0.0;
-    size_t n = BW_BYTES / sizeof(float);
-    for (size_t i = 0; i < n; i++)
-        buf[i] = (float)(i & 1023);
-    size_t per = n / (size_t)n_threads / 32 * 32;
     double best = 0.0;
     for (int pass = 0; pass < BW_PASSES; pass++) {
-        pthread_barrier_t bar;
-        pthread_barrier_init(&bar, NULL, (unsigned)n_threads);
-        struct bw_arg args[64];
-        for (int i = 0; i < n_threads; i++)
-            args[i] = (struct bw_arg){buf + (size_t)i * per, per, pass % 2 ? 4 : 1, &bar, 0, 0, 0};
-        run_threads(n_threads, bw_thread, args, sizeof(args[0]));
-        double t0 = args[0].t0, t1 = args[0].t1;
-        for (int i = 1; i < n_threads; i++) {
-            if (args[i].t0 < t0)
-                t0 = args[i].t0;
-            if (args[i].t1 > t1)
-                t1 = args[i].t1;
-        }
-        pthread_barrier_destroy(&bar);
-        double bw = (double)(per * (size_t)n_threads * sizeof(float)) / (t1 - t0);
+        double bw = pp_bench_bw_pass(b, n_threads, pass % 2 ? 4 : 1);
         if (bw > best)
             best = bw;
     }
-    free(buf);
+    pp_bench_bw_free(b);
     return best;
 }
 
