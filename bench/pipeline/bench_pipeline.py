@@ -269,9 +269,9 @@ def main():
                     help="build folder with ppserve, the daemons and bench/pp_bench_machine")
     ap.add_argument("--models", type=Path, default=Path("/tmp/pp_bench_pipeline"),
                     help="models are written here by `ppserve synth` when missing")
-    ap.add_argument("--layers", type=int, default=2,
-                    help="layers of the prefill-heavy model (tinyllama has 22; 2 keeps a round "
-                         "at 3.5 minutes on 2 quiet cores, 6 when they are shared)")
+    ap.add_argument("--layers", type=int, default=22,
+                    help="layers of the prefill-heavy model (default tinyllama's 22, a round of "
+                         "about 9 minutes on 2 quiet cores; 2, one per stage, takes 1.5)")
     ap.add_argument("--decode-layers", type=int, default=22, help="layers of the decode model")
     ap.add_argument("--decode-split", default="auto",
                     help="decode partition: auto (balance the bytes each stage reads), planned "
