@@ -22,13 +22,33 @@ double pp_bench_now(void)
 #define BW_BYTES ((size_t)1 << 30)
 #define BW_PASSES 8 /* alternating one and four streams per thread */
 
+/* When one thread of a measurement started and ended its timed part. */
+struct span {
+    double t0, t1;
+};
+
+/* Seconds from the earliest start to the latest end of n threads' spans; the spans lie stride
+ * bytes apart (a member of each thread's argument). */
+static double wall_seconds(const struct span *first, size_t stride, int n)
+{
+    double t0 = first->t0, t1 = first->t1;
+    for (int i = 1; i < n; i++) {
+        const struct span *s = (const struct span *)((const char *)first + (size_t)i * stride);
+        if (s->t0 < t0)
+            t0 = s->t0;
+        if (s->t1 > t1)
+            t1 = s->t1;
+    }
+    return t1 - t0;
+}
+
 struct bw_arg {
     const float *p;
     size_t n; /* floats */
     int streams;
     pthread_barrier_t *bar;
     float sink;
-    double t0, t1;
+    struct span span;
 };
 
 #ifdef HAVE_X86
@@ -73,14 +93,14 @@ static void *bw_thread(void *arg)
 {
     struct bw_arg *a = arg;
     pthread_barrier_wait(a->bar);
-    a->t0 = pp_bench_now();
+    a->span.t0 = pp_bench_now();
 #ifdef HAVE_X86
     if (__builtin_cpu_supports("avx2"))
         a->sink = sum_avx2(a->p, a->n, a->streams);
     else
 #endif
         a->sink = sum_plain(a->p, a->n);
-    a->t1 = pp_bench_now();
+    a->span.t1 = pp_bench_now();
     return NULL;
 }
 
@@ -134,17 +154,12 @@ double pp_bench_bw_pass(struct pp_bench_bw *b, int n_threads, int streams)
     pthread_barrier_init(&bar, NULL, (unsigned)n_threads);
     struct bw_arg args[64];
     for (int i = 0; i < n_threads; i++)
-        args[i] = (struct bw_arg){b->buf + (size_t)i * per, per, streams == 4 ? 4 : 1, &bar, 0, 0, 0};
+        args[i] = (struct bw_arg){b->buf + (size_t)i * per, per, streams == 4 ? 4 : 1, &bar, 0,
+                                  {0, 0}};
     run_threads(n_threads, bw_thread, args, sizeof(args[0]));
-    double t0 = args[0].t0, t1 = args[0].t1;
-    for (int i = 1; i < n_threads; i++) {
-        if (args[i].t0 < t0)
-            t0 = args[i].t0;
-        if (args[i].t1 > t1)
-            t1 = args[i].t1;
-    }
     pthread_barrier_destroy(&bar);
-    return (double)(per * (size_t)n_threads * sizeof(float)) / (t1 - t0);
+    return (double)(per * (size_t)n_threads * sizeof(float)) /
+           wall_seconds(&args[0].span, sizeof(args[0]), n_threads);
 }
 
 double pp_bench_read_bandwidth(int n_threads)
@@ -167,7 +182,7 @@ double pp_bench_read_bandwidth(int n_threads)
 struct fma_arg {
     pthread_barrier_t *bar;
     float sink;
-    double t0, t1;
+    struct span span;
 };
 
 #ifdef HAVE_X86
@@ -184,7 +199,7 @@ __attribute__((target("avx2,fma"))) static void *fma_thread(void *arg)
            r6 = _mm256_set1_ps(1.06f), r7 = _mm256_set1_ps(1.07f), r8 = _mm256_set1_ps(1.08f),
            r9 = _mm256_set1_ps(1.09f), r10 = _mm256_set1_ps(1.10f), r11 = _mm256_set1_ps(1.11f);
     pthread_barrier_wait(a->bar);
-    a->t0 = pp_bench_now();
+    a->span.t0 = pp_bench_now();
     for (long i = 0; i < FMA_ITERS; i++) {
         r0 = _mm256_fmadd_ps(r0, m, c);
         r1 = _mm256_fmadd_ps(r1, m, c);
@@ -199,7 +214,7 @@ __attribute__((target("avx2,fma"))) static void *fma_thread(void *arg)
         r10 = _mm256_fmadd_ps(r10, m, c);
         r11 = _mm256_fmadd_ps(r11, m, c);
     }
-    a->t1 = pp_bench_now();
+    a->span.t1 = pp_bench_now();
     __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(r0, r1), _mm256_add_ps(r2, r3)),
                              _mm256_add_ps(_mm256_add_ps(r4, r5), _mm256_add_ps(r6, r7)));
     s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(r8, r9), _mm256_add_ps(r10, r11)));
@@ -221,17 +236,11 @@ double pp_bench_fma_peak(int n_threads)
         pthread_barrier_init(&bar, NULL, (unsigned)n_threads);
         struct fma_arg args[64];
         for (int i = 0; i < n_threads; i++)
-            args[i] = (struct fma_arg){&bar, 0, 0, 0};
+            args[i] = (struct fma_arg){&bar, 0, {0, 0}};
         run_threads(n_threads, fma_thread, args, sizeof(args[0]));
-        double t0 = args[0].t0, t1 = args[0].t1;
-        for (int i = 1; i < n_threads; i++) {
-            if (args[i].t0 < t0)
-                t0 = args[i].t0;
-            if (args[i].t1 > t1)
-                t1 = args[i].t1;
-        }
         pthread_barrier_destroy(&bar);
-        double flops = (double)FMA_ITERS * 12 * 8 * 2 * n_threads / (t1 - t0);
+        double flops = (double)FMA_ITERS * 12 * 8 * 2 * n_threads /
+                       wall_seconds(&args[0].span, sizeof(args[0]), n_threads);
         if (flops > best)
             best = flops;
     }
