@@ -11,8 +11,8 @@ figure that matters is a ratio of two measurements taken minutes apart on the sa
    the tinyllama shape with --layers layers (default all 22; f16): (a) 2 stages, one core and one
    thread each, layers split evenly; (b) 1 stage with 2 threads on both cores (the same continuous
    batching in one process); (c) (a) with one microbatch in flight (layers one stage after
-   another, as llama.cpp's RPC backend runs them). tokens/s = (prompt + generated tokens) / wall time;
-   ratios (a)/(b) and (a)/(c).
+   another, as llama.cpp's RPC backend runs them). tokens/s = (prompt + generated tokens) / wall
+   time; ratios (a)/(b) and (a)/(c).
 2. Decode-heavy: 8 streams × 128 generated tokens (8-token prompts, ignore_eos) on the 2-stage
    pinned pipeline, --decode-layers layers. Measured: the tokens/s while all 8 streams run.
    Predicted: each decode microbatch makes stage k read its tensors once (plus the KV cache); the
