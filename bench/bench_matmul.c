@@ -10,13 +10,13 @@
  * one 88 MB layer read again and again did, and streamed 10-20% faster than a model can). One
  * pass runs the L × 7 matmuls in a decode step's order with n tokens; a figure is the median of R
  * passes (best beside it) after a warm-up pass. GB/s = weight bytes of the pass ÷ its time: each
- * weight byte is read once per call, so this is the rate the kernel streams weights at; the read
- * bandwidth of pp_bench, measured before and after the passes, is printed beside it ("of bw":
- * GB/s over the better of the two). "cpu GB/s" divides by the median CPU time of the process per thread instead, which a
- * preempting neighbour does not inflate (exact with one thread; with more it counts the workers'
- * spinning between calls). --row-div D keeps 1/D of each matrix's rows, and one layer: with D = 64
- * (1.4 MB in f16) the weights come from the caches, which shows what the loops cost without the
- * memory. Not run by ctest. */
+ * weight byte is read once per call, so this is the rate the kernel streams weights at. pp_bench's
+ * read bandwidth is measured before and after the passes, and each figure is also printed as a
+ * fraction of the better of the two. "cpu GB/s" divides by the median CPU time of the process per
+ * thread instead, which a preempting neighbour does not inflate (exact with one thread; with more
+ * it counts the workers' spinning between calls). --row-div D keeps 1/D of each matrix's rows and
+ * (unless --layers says otherwise) one layer: with D = 64 (1.4 MB in f16) the weights come from
+ * the caches, which shows what the loops cost without the memory. Not run by ctest. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
