@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/alloc.h"
+#include "common/buf.h"
 
 struct live_map {
     const uint8_t *data;
@@ -19,43 +19,38 @@ struct live_map {
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct live_map *g_maps;
-static int g_n, g_cap;
+static struct pp_buf g_maps; /* struct live_map records */
+
+static struct live_map *maps(int *n)
+{
+    *n = (int)(g_maps.len / sizeof(struct live_map));
+    return (struct live_map *)g_maps.data;
+}
 
 static int register_map(const uint8_t *data, int64_t size)
 {
+    struct live_map m = {data, size};
     pthread_mutex_lock(&g_mu);
-    if (g_n == g_cap) {
-        int cap = g_cap ? g_cap * 2 : 16;
-        struct live_map *m = pp_alloc(PP_MEM_MISC, (size_t)cap * sizeof(*m));
-        if (!m) {
-            pthread_mutex_unlock(&g_mu);
-            return -1;
-        }
-        if (g_n)
-            memcpy(m, g_maps, (size_t)g_n * sizeof(*m));
-        pp_free(PP_MEM_MISC, g_maps);
-        g_maps = m;
-        g_cap = cap;
-    }
-    g_maps[g_n++] = (struct live_map){data, size};
+    pp_buf_put(&g_maps, &m, sizeof(m));
+    int failed = g_maps.failed;
+    g_maps.failed = 0; /* a failed append leaves the records as they were: the next may succeed */
     pthread_mutex_unlock(&g_mu);
-    return 0;
+    return failed ? -1 : 0;
 }
 
 static void unregister_map(const uint8_t *data)
 {
     pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < g_n; i++)
-        if (g_maps[i].data == data) {
-            g_maps[i] = g_maps[--g_n];
+    int n;
+    struct live_map *m = maps(&n);
+    for (int i = 0; i < n; i++)
+        if (m[i].data == data) {
+            m[i] = m[n - 1];
+            g_maps.len -= sizeof(*m);
             break;
         }
-    if (g_n == 0) {
-        pp_free(PP_MEM_MISC, g_maps);
-        g_maps = NULL;
-        g_cap = 0;
-    }
+    if (g_maps.len == 0)
+        pp_buf_free(&g_maps);
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -67,11 +62,12 @@ int pp_mapped_file_drop_pages(const void *p, int64_t bytes)
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t lo = ((uintptr_t)b + page - 1) & ~(page - 1);
     uintptr_t hi = ((uintptr_t)b + (uintptr_t)bytes) & ~(page - 1);
-    int dropped = 0;
+    int dropped = 0, n;
     pthread_mutex_lock(&g_mu); /* held across madvise: the map cannot be closed meanwhile */
-    for (int i = 0; i < g_n && !dropped; i++) {
-        const uint8_t *d = g_maps[i].data;
-        if (b >= d && b + bytes <= d + g_maps[i].size) {
+    const struct live_map *m = maps(&n);
+    for (int i = 0; i < n && !dropped; i++) {
+        const uint8_t *d = m[i].data;
+        if (b >= d && b + bytes <= d + m[i].size) {
             if (hi > lo)
                 dropped = madvise((void *)lo, hi - lo, MADV_DONTNEED) == 0;
             else

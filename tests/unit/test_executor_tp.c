@@ -15,8 +15,6 @@
 #define VOCAB 300
 #define STEPS 5
 
-static char *dir;
-
 static const int32_t prompt[] = {1, 17, 200, 45, 99, 3, 150};
 static const int32_t other[] = {1, 250, 251, 252, 9, 9};
 
@@ -71,7 +69,7 @@ static void write_model(const char *name, enum pp_dtype dt, const char *arch, in
     s.dim = dim;
     s.ffn_dim = ffn;
     s.seed = 5;
-    snprintf(path, cap, "%s/%s.gguf", dir, name);
+    snprintf(path, cap, "%s/%s.gguf", pp_test_dir, name);
     assert_int_equal(pp_synth_write_gguf(&s, path), PP_OK);
 }
 
@@ -255,20 +253,6 @@ static void test_bad_degrees_refused(void **state)
     pp_model_free(m);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    dir = pp_test_tmpdir();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    pp_test_rmdir(dir);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,5 +264,5 @@ int main(void)
         cmocka_unit_test(test_weights_copied_once),
         cmocka_unit_test(test_bad_degrees_refused),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, pp_test_dir_setup, pp_test_dir_teardown);
 }

@@ -11,8 +11,6 @@
 
 #include "model/mapped_file.h"
 
-static char *dir;
-
 /* Resident pages of this process (/proc/self/statm, second field). */
 static long resident_pages(void)
 {
@@ -28,14 +26,11 @@ static long resident_pages(void)
 
 static void write_file(const char *path, size_t n)
 {
-    unsigned char *b = malloc(n);
+    unsigned char *b = malloc(n ? n : 1);
     assert_non_null(b);
     for (size_t i = 0; i < n; i++)
         b[i] = (unsigned char)(i * 131 + 7);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(b, 1, n, f), n);
-    fclose(f);
+    pp_test_write_file(path, b, n);
     free(b);
 }
 
@@ -43,7 +38,7 @@ static void test_drop_pages_of_a_map(void **state)
 {
     (void)state;
     char path[600];
-    snprintf(path, sizeof(path), "%s/w.bin", dir);
+    snprintf(path, sizeof(path), "%s/w.bin", pp_test_dir);
     const size_t n = (size_t)16 << 20;
     write_file(path, n);
     struct pp_mapped_file f;
@@ -89,13 +84,13 @@ static void test_open_errors(void **state)
     (void)state;
     struct pp_mapped_file f;
     char path[600];
-    snprintf(path, sizeof(path), "%s/missing.bin", dir);
+    snprintf(path, sizeof(path), "%s/missing.bin", pp_test_dir);
     assert_int_equal(pp_mapped_file_open(path, &f), PP_ERR_IO);
     assert_non_null(strstr(pp_error_detail(), "cannot open"));
     assert_non_null(strstr(pp_error_detail(), "missing.bin"));
-    assert_int_equal(pp_mapped_file_open(dir, &f), PP_ERR_IO);
+    assert_int_equal(pp_mapped_file_open(pp_test_dir, &f), PP_ERR_IO);
     assert_non_null(strstr(pp_error_detail(), "is not a regular file"));
-    snprintf(path, sizeof(path), "%s/empty.bin", dir);
+    snprintf(path, sizeof(path), "%s/empty.bin", pp_test_dir);
     write_file(path, 0);
     assert_int_equal(pp_mapped_file_open(path, &f), PP_OK);
     assert_null(f.data);
@@ -105,25 +100,11 @@ static void test_open_errors(void **state)
     unlink(path);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    dir = pp_test_tmpdir();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    pp_test_rmdir(dir);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drop_pages_of_a_map),
         cmocka_unit_test(test_open_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, pp_test_dir_setup, pp_test_dir_teardown);
 }

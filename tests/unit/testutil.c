@@ -25,6 +25,23 @@ void pp_test_rmdir(char *dir)
     free(dir);
 }
 
+char *pp_test_dir;
+
+int pp_test_dir_setup(void **state)
+{
+    (void)state;
+    pp_test_dir = pp_test_tmpdir();
+    return 0;
+}
+
+int pp_test_dir_teardown(void **state)
+{
+    (void)state;
+    pp_test_rmdir(pp_test_dir);
+    pp_test_dir = NULL;
+    return 0;
+}
+
 void pp_test_small_spec(struct pp_synth_spec *s)
 {
     pp_synth_spec_defaults(s);

@@ -16,6 +16,11 @@
 char *pp_test_tmpdir(void);
 void pp_test_rmdir(char *dir);
 
+/* Group fixtures for tests that need one fresh folder, pp_test_dir, while the group runs. */
+extern char *pp_test_dir;
+int pp_test_dir_setup(void **state);
+int pp_test_dir_teardown(void **state);
+
 /* Writes n bytes to path (replacing it), asserting success. */
 void pp_test_write_file(const char *path, const void *p, size_t n);
 
