@@ -123,9 +123,11 @@ static int32_t pending(const struct co_request *req)
     return req->n_prompt + req->n_gen - req->n_fed;
 }
 
-static pp_status emit_chunk(void *ud, const uint8_t *msg, size_t len)
+static pp_status emit_chunk(void *ud, const ProtobufCMessage *msg)
 {
-    return pp_rpc_stream_send(ud, msg, len);
+    struct pp_rpc_msg *m;
+    pp_status st = pp_rpc_msg_pack(msg, &m);
+    return st == PP_OK ? pp_rpc_stream_send_msg(ud, m) : st;
 }
 
 /* Packs and sends one microbatch to stage 0. */

@@ -144,11 +144,10 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
          * the coordinator notices at once if the stream breaks */
         Ppserve__V1__Results hello = PPSERVE__V1__RESULTS__INIT;
         hello.stage_id = a->stage_id;
-        struct pp_buf b = {0};
-        st = pp_rpc_pack(&hello.base, &b);
+        struct pp_rpc_msg *hm;
+        st = pp_rpc_msg_pack(&hello.base, &hm);
         if (st == PP_OK)
-            st = pp_stage_out_send(a->out, b.data, b.len);
-        pp_buf_free(&b);
+            st = pp_stage_out_send(a->out, hm);
     }
     if (st != PP_OK) {
         char why[1024];

@@ -13,19 +13,20 @@
 #include "common/log.h"
 #include "stage/stage.h"
 
-/* Packed messages for the outgoing hop, in order. */
+/* Packed messages for the outgoing hop, in order (sent ones are NULL: the hop took them). */
 struct outbox {
-    struct pp_buf *msgs; /* [n] */
+    struct pp_rpc_msg **msgs; /* [n] */
     size_t n, cap;
     uint64_t payload_bytes; /* activation bytes among them (bytes_out) */
 };
 
-static pp_status outbox_add(void *ud, const uint8_t *msg, size_t len)
+/* Packs msg straight into the buffer it will be sent from. */
+static pp_status outbox_add(void *ud, const ProtobufCMessage *msg)
 {
     struct outbox *o = ud;
     if (o->n == o->cap) {
         size_t cap = o->cap ? 2 * o->cap : 8;
-        struct pp_buf *m = pp_calloc(PP_MEM_RPC, cap, sizeof(*m));
+        struct pp_rpc_msg **m = pp_calloc(PP_MEM_RPC, cap, sizeof(*m));
         if (!m)
             return pp_error(PP_ERR_NOMEM, "no memory for %zu outgoing messages", cap);
         if (o->n)
@@ -34,20 +35,16 @@ static pp_status outbox_add(void *ud, const uint8_t *msg, size_t len)
         o->msgs = m;
         o->cap = cap;
     }
-    struct pp_buf *b = &o->msgs[o->n];
-    pp_buf_put(b, msg, len);
-    if (b->failed) {
-        pp_buf_free(b);
-        return pp_error(PP_ERR_NOMEM, "no memory for a %zu-byte outgoing message", len);
-    }
-    o->n++;
-    return PP_OK;
+    pp_status st = pp_rpc_msg_pack(msg, &o->msgs[o->n]);
+    if (st == PP_OK)
+        o->n++;
+    return st;
 }
 
 static void outbox_free(struct outbox *o)
 {
     for (size_t i = 0; i < o->n; i++)
-        pp_buf_free(&o->msgs[i]);
+        pp_rpc_msg_free(o->msgs[i]);
     pp_free(PP_MEM_RPC, o->msgs);
     memset(o, 0, sizeof(*o));
 }
@@ -126,12 +123,7 @@ static pp_status pack_results(const struct pp_stage_assignment *a,
     r.spans = sp->list;
     r.error = (char *)(error ? error : "");
     r.error_code = error_code;
-    struct pp_buf b = {0};
-    pp_status st = pp_rpc_pack(&r.base, &b);
-    if (st == PP_OK)
-        st = outbox_add(box, (const uint8_t *)b.data, b.len);
-    pp_buf_free(&b);
-    return st;
+    return outbox_add(box, &r.base);
 }
 
 /* Runs the executor over mb; on error msg holds the detail. Fills the span's compute times. */
@@ -272,8 +264,10 @@ static void *compute_main(void *arg)
         pp_stage_update_stats(s);
         pthread_mutex_unlock(&s->mu);
         pp_status sent = PP_OK;
-        for (size_t i = 0; out && i < box.n && sent == PP_OK; i++)
-            sent = pp_stage_out_send(out, box.msgs[i].data, box.msgs[i].len);
+        for (size_t i = 0; out && i < box.n && sent == PP_OK; i++) {
+            sent = pp_stage_out_send(out, box.msgs[i]);
+            box.msgs[i] = NULL; /* the hop's now, sent or not */
+        }
         if (out && sent == PP_OK) {
             pthread_mutex_lock(&s->stats_mu);
             s->bytes_out += box.payload_bytes;

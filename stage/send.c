@@ -160,7 +160,7 @@ void pp_stage_out_unref(struct pp_stage_out *o)
         out_destroy(o);
 }
 
-pp_status pp_stage_out_send(struct pp_stage_out *o, const void *msg, size_t len)
+pp_status pp_stage_out_send(struct pp_stage_out *o, struct pp_rpc_msg *msg)
 {
     long us = 100;
     while (pp_rpc_stream_queued(o->st) > o->max_queued) {
@@ -174,9 +174,11 @@ pp_status pp_stage_out_send(struct pp_stage_out *o, const void *msg, size_t len)
             us *= 2;
     }
     char why[768];
-    if (pp_stage_out_broken(o, why, sizeof(why)))
+    if (pp_stage_out_broken(o, why, sizeof(why))) {
+        pp_rpc_msg_free(msg);
         return pp_error(PP_ERR_UNAVAILABLE, "%s", why);
-    if (pp_rpc_stream_send(o->st, msg, len) != PP_OK)
+    }
+    if (pp_rpc_stream_send_msg(o->st, msg) != PP_OK)
         return pp_error(PP_ERR_UNAVAILABLE, "next hop %s: the stream is closed", o->target);
     return PP_OK;
 }

@@ -297,10 +297,10 @@ void pp_stage_compute_stop(struct pp_stage *s);
 pp_status pp_stage_out_open(struct pp_stage *s, const char *target, int deliver,
                             const char *model_id, int32_t next_layer, size_t max_queued,
                             struct pp_stage_out **out);
-/* Queues one message, first waiting while more than max_queued are unwritten (a slow next hop),
- * unless the stream ended or is closing, or the stage's grace period is over. PP_ERR_UNAVAILABLE
- * with the hop's error once it broke or closed. */
-pp_status pp_stage_out_send(struct pp_stage_out *o, const void *msg, size_t len);
+/* Queues one message, which the hop owns from here on, first waiting while more than max_queued
+ * are unwritten (a slow next hop), unless the stream ended or is closing, or the stage's grace
+ * period is over. PP_ERR_UNAVAILABLE with the hop's error once it broke or closed. */
+pp_status pp_stage_out_send(struct pp_stage_out *o, struct pp_rpc_msg *msg);
 /* A reference for a sender outside mu; the hop is freed when the last one goes. NULL-safe unref. */
 void pp_stage_out_ref(struct pp_stage_out *o);
 void pp_stage_out_unref(struct pp_stage_out *o);

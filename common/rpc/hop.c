@@ -8,7 +8,6 @@ pp_status pp_hop_encode(Ppserve__V1__MicrobatchHeader *hdr, const void *payload,
                         pp_hop_emit_fn emit, void *ud)
 {
     hdr->total_bytes = len;
-    struct pp_buf out = {0};
     pp_status st = PP_OK;
     size_t off = 0;
     uint32_t index = 0;
@@ -23,11 +22,9 @@ pp_status pp_hop_encode(Ppserve__V1__MicrobatchHeader *hdr, const void *payload,
         Ppserve__V1__HopMessage msg = PPSERVE__V1__HOP_MESSAGE__INIT;
         msg.body_case = PPSERVE__V1__HOP_MESSAGE__BODY_CHUNK;
         msg.chunk = &chunk;
-        if ((st = pp_rpc_pack(&msg.base, &out)) == PP_OK)
-            st = emit(ud, (const uint8_t *)out.data, out.len);
+        st = emit(ud, &msg.base);
         off += n;
     } while (st == PP_OK && off < len);
-    pp_buf_free(&out);
     return st;
 }
 
@@ -161,6 +158,14 @@ pp_status pp_hop_assembler_push(struct pp_hop_assembler *a, const Ppserve__V1__C
             pp_buf_free(&tmp);
             a->hdr = (Ppserve__V1__MicrobatchHeader *)copy;
             a->payload.len = 0;
+            /* the whole payload at once (check_header bounded it by max_bytes): no regrowth
+             * copying what has arrived as each chunk comes */
+            if (st == PP_OK && !pp_buf_reserve(&a->payload, (size_t)a->hdr->total_bytes)) {
+                a->payload.failed = 0;
+                st = pp_error(PP_ERR_NOMEM, "no memory for the %llu bytes of microbatch %llu",
+                              (unsigned long long)a->hdr->total_bytes,
+                              (unsigned long long)c->microbatch_id);
+            }
         }
     } else if (c->header) {
         st = pp_error(PP_ERR_INVALID_ARG, "microbatch %llu: chunk %u repeats the header",

@@ -10,8 +10,10 @@
 #include "common/rpc/rpc.h"
 #include "ppserve/v1/stage.pb-c.h"
 
-/* emit gets one packed HopMessage at a time; a non-OK return stops the encoding. */
-typedef pp_status (*pp_hop_emit_fn)(void *ud, const uint8_t *msg, size_t len);
+/* emit gets one HopMessage at a time, to pack where it will be sent from (pp_rpc_msg_pack: the
+ * payload is copied once, into gRPC's buffer); its chunk points into the caller's payload and lives
+ * until emit returns. A non-OK return stops the encoding. */
+typedef pp_status (*pp_hop_emit_fn)(void *ud, const ProtobufCMessage *msg);
 
 /* Sends hdr and payload[len] as chunks (at least one, even for an empty payload). hdr->total_bytes
  * and microbatch ids are set from the arguments. */

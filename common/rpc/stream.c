@@ -28,6 +28,7 @@ struct pp_rpc_stream {
     struct pp_rpc_tag t_meta, t_recv, t_send, t_close, t_final;
     /* receiving */
     grpc_byte_buffer *recv_buf;
+    struct pp_buf recv_bytes; /* the message being delivered, kept for the next one */
     grpc_metadata_array initial_md;
     int recv_running;
     int paused;          /* the application holds further receives (pp_rpc_stream_pause) */
@@ -66,6 +67,7 @@ static void stream_free(struct pp_rpc_stream *st)
         grpc_byte_buffer_destroy(st->sending);
     if (st->recv_buf)
         grpc_byte_buffer_destroy(st->recv_buf);
+    pp_buf_free(&st->recv_bytes);
     grpc_metadata_array_destroy(&st->initial_md);
     grpc_metadata_array_destroy(&st->trailing_md);
     grpc_slice_unref(st->finish_msg);
@@ -188,15 +190,17 @@ static void on_recv(struct pp_rpc_tag *tag, int ok)
     grpc_byte_buffer *bb = st->recv_buf;
     st->recv_buf = NULL;
     if (ok && bb) {
-        struct pp_buf msg = {0};
-        pp_status s = pp__rpc_buffer_read(bb, &msg);
+        /* one receive at a time per stream, so its buffer is this callback's alone */
+        struct pp_buf *msg = &st->recv_bytes;
+        pp_status s = pp__rpc_buffer_read(bb, msg);
         grpc_byte_buffer_destroy(bb);
         if (s == PP_OK) {
             pthread_mutex_lock(&st->cb_mu);
-            st->cbs->on_message(st->ud, st, (const uint8_t *)(msg.data ? msg.data : ""), msg.len);
+            st->cbs->on_message(st->ud, st, (const uint8_t *)(msg->data ? msg->data : ""),
+                                msg->len);
             pthread_mutex_unlock(&st->cb_mu);
         }
-        pp_buf_free(&msg);
+        msg->failed = 0;
         pthread_mutex_lock(&st->mu);
         if (s != PP_OK)
             grpc_call_cancel(st->call, NULL);
@@ -385,11 +389,20 @@ pp_status pp_rpc_stream_open(struct pp_rpc_channel *ch, const char *method, int6
 
 pp_status pp_rpc_stream_send(struct pp_rpc_stream *st, const void *data, size_t len)
 {
+    struct pp_rpc_msg *msg;
+    pp_status s = pp_rpc_msg_copy(data, len, &msg);
+    return s == PP_OK ? pp_rpc_stream_send_msg(st, msg) : s;
+}
+
+pp_status pp_rpc_stream_send_msg(struct pp_rpc_stream *st, struct pp_rpc_msg *msg)
+{
     struct qmsg *m = pp_alloc(PP_MEM_RPC, sizeof(*m));
-    if (!m)
-        return PP_ERR_NOMEM;
+    if (!m) {
+        pp_rpc_msg_free(msg);
+        return pp_error(PP_ERR_NOMEM, "no memory to queue a message");
+    }
     m->next = NULL;
-    m->bb = pp__rpc_buffer_from(len ? data : "", len);
+    m->bb = (grpc_byte_buffer *)msg;
     pthread_mutex_lock(&st->mu);
     if (st->call_over || st->close_requested) {
         pthread_mutex_unlock(&st->mu);

@@ -82,6 +82,29 @@ pp_status pp_rpc_unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *d
     return PP_OK;
 }
 
+/* A pp_rpc_msg is a gRPC byte buffer under another name, so that rpc.h needs no gRPC header. */
+pp_status pp_rpc_msg_pack(const ProtobufCMessage *msg, struct pp_rpc_msg **out)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    grpc_slice s = grpc_slice_malloc(n);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+    *out = (struct pp_rpc_msg *)grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return PP_OK;
+}
+
+pp_status pp_rpc_msg_copy(const void *data, size_t len, struct pp_rpc_msg **out)
+{
+    *out = (struct pp_rpc_msg *)pp__rpc_buffer_from(len ? data : "", len);
+    return PP_OK;
+}
+
+void pp_rpc_msg_free(struct pp_rpc_msg *m)
+{
+    if (m)
+        grpc_byte_buffer_destroy((grpc_byte_buffer *)m);
+}
+
 grpc_byte_buffer *pp__rpc_buffer_from(const void *data, size_t len)
 {
     grpc_slice s = grpc_slice_from_copied_buffer(data, len);
@@ -93,6 +116,10 @@ grpc_byte_buffer *pp__rpc_buffer_from(const void *data, size_t len)
 pp_status pp__rpc_buffer_read(grpc_byte_buffer *bb, struct pp_buf *out)
 {
     out->len = 0;
+    /* one reservation for the whole message, not a doubling per slice */
+    if (!pp_buf_reserve(out, grpc_byte_buffer_length(bb)))
+        return pp_error(PP_ERR_NOMEM, "no memory for an incoming %zu-byte message",
+                        grpc_byte_buffer_length(bb));
     grpc_byte_buffer_reader r;
     if (!grpc_byte_buffer_reader_init(&r, bb))
         return pp_error(PP_ERR_FORMAT, "unreadable message (bad compression?)");

@@ -1,5 +1,6 @@
 /* Streaming calls over real loopback sockets: a server stream of many messages in order, a
- * bidirectional echo with large messages, a client that goes away (the server notices), a server
+ * bidirectional echo with large messages, messages packed straight into gRPC's buffers (large and
+ * small in turn, every byte checked in order), a client that goes away (the server notices), a server
  * that refuses or fails a stream (the client sees the status and message), and a deadline. */
 #include <pthread.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/rpc/rpc.h"
+#include "ppserve/v1/stage.pb-c.h"
 #include "testutil.h"
 
 /* ---- the server side: "/t.T/Count" streams N numbered messages back for a request "N";
@@ -108,7 +110,16 @@ struct collector {
     int done;
     pp_status status;
     char detail[256];
+    uint64_t digest; /* of every message's length and bytes, in order */
 };
+
+static uint64_t digest_add(uint64_t h, const uint8_t *data, size_t len)
+{
+    h = (h ^ len) * 1099511628211u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ data[i]) * 1099511628211u;
+    return h;
+}
 
 static void collect_msg(void *ud, struct pp_rpc_stream *st, const uint8_t *data, size_t len)
 {
@@ -121,6 +132,7 @@ static void collect_msg(void *ud, struct pp_rpc_stream *st, const uint8_t *data,
         c->in_order = 0;
     c->n++;
     c->bytes += len;
+    c->digest = digest_add(c->digest, data, len);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -229,6 +241,53 @@ static void test_bidi_echo_large(void **state)
     pp_rpc_stream_release(st);
 }
 
+/* pp_rpc_msg_pack + pp_rpc_stream_send_msg: HopMessage chunks of 1 MiB and of a few bytes in
+ * turn come back exactly as pp_rpc_pack packs them (a small message after a large one is not read
+ * out of the large one's buffer), and a message given to a stream that ended is freed. */
+static void test_packed_messages(void **state)
+{
+    (void)state;
+    struct collector c;
+    init_collector(&c);
+    struct pp_rpc_stream *st;
+    assert_int_equal(pp_rpc_stream_open(ch, "/t.T/Echo", 30000, &collect_cbs, &c, &st), PP_OK);
+    size_t big = PP_RPC_CHUNK_BYTES;
+    uint8_t *payload = malloc(big);
+    for (size_t i = 0; i < big; i++)
+        payload[i] = (uint8_t)(i * 7 + i / 251);
+    uint64_t want = 0;
+    size_t want_bytes = 0;
+    for (uint32_t i = 0; i < 8; i++) {
+        Ppserve__V1__Chunk chunk = PPSERVE__V1__CHUNK__INIT;
+        chunk.microbatch_id = 100 + i;
+        chunk.index = i;
+        chunk.data.len = i % 2 ? 3 + i : big - i;
+        chunk.data.data = payload + i;
+        Ppserve__V1__HopMessage msg = PPSERVE__V1__HOP_MESSAGE__INIT;
+        msg.body_case = PPSERVE__V1__HOP_MESSAGE__BODY_CHUNK;
+        msg.chunk = &chunk;
+        struct pp_buf ref = {0};
+        assert_int_equal(pp_rpc_pack(&msg.base, &ref), PP_OK);
+        want = digest_add(want, (const uint8_t *)ref.data, ref.len);
+        want_bytes += ref.len;
+        pp_buf_free(&ref);
+        struct pp_rpc_msg *m;
+        assert_int_equal(pp_rpc_msg_pack(&msg.base, &m), PP_OK);
+        assert_int_equal(pp_rpc_stream_send_msg(st, m), PP_OK);
+    }
+    pp_rpc_stream_close_send(st);
+    wait_done(&c);
+    assert_int_equal(c.status, PP_OK);
+    assert_int_equal(c.n, 8);
+    assert_int_equal(c.bytes, want_bytes);
+    assert_true(c.digest == want);
+    struct pp_rpc_msg *late;
+    assert_int_equal(pp_rpc_msg_copy("late", 4, &late), PP_OK);
+    assert_int_equal(pp_rpc_stream_send_msg(st, late), PP_ERR_IO); /* ended: freed, not leaked */
+    free(payload);
+    pp_rpc_stream_release(st);
+}
+
 static void test_client_goes_away(void **state)
 {
     (void)state;
@@ -305,6 +364,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_stream_in_order),
         cmocka_unit_test(test_bidi_echo_large),
+        cmocka_unit_test(test_packed_messages),
         cmocka_unit_test(test_client_goes_away),
         cmocka_unit_test(test_refused_and_failed_streams),
         cmocka_unit_test(test_finished_in_open),
