@@ -225,6 +225,10 @@ int main(int argc, char **argv)
     co->state = CO_STOPPING;
     snprintf(co->state_reason, sizeof(co->state_reason), "the coordinator is stopping");
     co_fail_all(co, PP_ERR_UNAVAILABLE, "the coordinator is stopping");
+    /* end the last stage's result stream in order (OK), so that it can tell a coordinator that
+     * stops from one that vanished */
+    if (co->deliver)
+        pp_rpc_stream_finish(co->deliver, PP_OK, "the coordinator is stopping");
     pthread_mutex_unlock(&co->mu);
     co_release_stop(co);
     reset_pipeline(co);

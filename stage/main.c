@@ -122,7 +122,8 @@ static void shutdown_stage(struct pp_stage *s)
     pp_stage_compute_stop(s);
     pp_stage_queue_flush(s, PP_ERR_UNAVAILABLE, "the stage shut down before computing it");
     pp_stage_control_stop(s);
-    pp_stage_inbound_finish_all(s, 1, 0, PP_ERR_UNAVAILABLE, "this stage is shutting down");
+    /* in order (OK): the previous hop tells an orderly stop from a crash by it */
+    pp_stage_inbound_finish_all(s, 1, 0, PP_OK, "this stage is shutting down");
     pp_stage_unassign(s, ms_left(deadline, 500));
     pp_rpc_server_free(s->server, ms_left(deadline, 100));
     s->server = NULL;

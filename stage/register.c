@@ -13,6 +13,7 @@
 #define REGISTER_RETRY_MS 500
 #define REGISTER_DEADLINE_MS 2000
 #define HEARTBEAT_DEADLINE_MS 1000
+#define HEARTBEAT_WARN_AFTER 3 /* consecutive failures before a warning */
 
 static const char *const REGISTER_METHOD = "/ppserve.v1.Coordinator/RegisterStage";
 static const char *const HEARTBEAT_METHOD = "/ppserve.v1.Coordinator/Heartbeat";
@@ -153,8 +154,14 @@ static int heartbeat_loop(struct pp_stage *s, struct pp_rpc_channel **ch)
                            : pp_error(PP_ERR_UNAVAILABLE, "no channel to %s", s->cfg.coordinator);
         pp_stage_expert_msgs_free(&experts);
         if (st != PP_OK) {
-            if (failures++ % 10 == 0)
+            /* one missed beat is routine (the coordinator restarting, or stopping before this
+             * stage in `ppserve cluster`): a warning from the third in a row, then every tenth */
+            failures++;
+            if (failures >= HEARTBEAT_WARN_AFTER && (failures - HEARTBEAT_WARN_AFTER) % 10 == 0)
                 PP_WARN("heartbeat failed: coordinator=%s failures=%llu detail=\"%s\"",
+                        s->cfg.coordinator, (unsigned long long)failures, pp_error_detail());
+            else if (failures < HEARTBEAT_WARN_AFTER)
+                PP_INFO("heartbeat failed: coordinator=%s failures=%llu detail=\"%s\"",
                         s->cfg.coordinator, (unsigned long long)failures, pp_error_detail());
             if (reconnect(s, ch) != PP_OK)
                 PP_ERROR("coordinator channel: %s", pp_error_detail());

@@ -41,7 +41,7 @@ static void out_end(void *ud, struct pp_rpc_stream *st, pp_status status)
     struct pp_stage *s = o->s;
     char detail[400], target[PP_CFG_STR_MAX];
     snprintf(detail, sizeof(detail), "%s",
-             status != PP_OK ? pp_error_detail() : "it ended the stream");
+             status != PP_OK ? pp_error_detail() : "it ended the stream in order");
     snprintf(target, sizeof(target), "%s", o->target);
     pthread_mutex_lock(&o->mu);
     int broken = !o->closing;
@@ -54,8 +54,13 @@ static void out_end(void *ud, struct pp_rpc_stream *st, pp_status status)
     pthread_mutex_unlock(&o->mu);
     /* from here on the closer may free o: only locals */
     if (broken) {
-        /* the coordinator reports the pipeline failure; here it is one fact among several */
-        PP_WARN("hop broken: next=%s detail=\"%s\"", target, detail);
+        /* the coordinator reports the pipeline failure; here it is one fact among several. A peer
+         * that ended the stream with OK stopped in order (a coordinator that is stopping): news,
+         * not trouble */
+        if (status == PP_OK)
+            PP_INFO("hop ended: next=%s detail=\"%s\"", target, detail);
+        else
+            PP_WARN("hop broken: next=%s detail=\"%s\"", target, detail);
         pthread_mutex_lock(&s->stats_mu);
         snprintf(s->hop_error, sizeof(s->hop_error), "next hop %s: %s", target, detail);
         pthread_mutex_unlock(&s->stats_mu);

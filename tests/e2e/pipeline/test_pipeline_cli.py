@@ -116,11 +116,19 @@ def test_cluster_status_generate_trace_stop(ppcluster, model, tmp_path):
 
     kids = children(ppcluster.pid)
     assert len(kids) == 4, f"expected a coordinator and 3 stages, found {kids}"
+    before_stop = ppcluster.log.stat().st_size
     t0 = time.monotonic()
     ppcluster.send_signal(signal.SIGTERM)
     assert ppcluster.wait(scaled(30)) == 0
     assert time.monotonic() - t0 < scaled(15)
     wait_until(lambda: gone(kids), scaled(5), "the daemons to exit with the cluster")
+    # an orderly stop reads as one: the coordinator ends the last stage's result stream in order,
+    # so no stage reports a broken hop
+    with open(ppcluster.log, "rb") as f:
+        f.seek(before_stop)
+        stop_log = f.read().decode(errors="replace")
+    assert "hop broken" not in stop_log, stop_log
+    assert "hop ended: next=" in stop_log, stop_log
 
 
 def test_cluster_stops_when_a_stage_dies(ppcluster):
