@@ -163,9 +163,7 @@ static void ack_end(void *ud, struct pp_rpc_stream *st, pp_status status)
 
 static pp_status emit(void *ud, const ProtobufCMessage *msg)
 {
-    struct pp_rpc_msg *m;
-    pp_status st = pp_rpc_msg_pack(msg, &m);
-    return st == PP_OK ? pp_rpc_stream_send_msg(ud, m) : st;
+    return pp_rpc_stream_send_packed(ud, msg);
 }
 
 static double hop_round(struct pp_rpc_stream *st, const float *act, int rows, int dim, int round)

@@ -125,9 +125,7 @@ static int32_t pending(const struct co_request *req)
 
 static pp_status emit_chunk(void *ud, const ProtobufCMessage *msg)
 {
-    struct pp_rpc_msg *m;
-    pp_status st = pp_rpc_msg_pack(msg, &m);
-    return st == PP_OK ? pp_rpc_stream_send_msg(ud, m) : st;
+    return pp_rpc_stream_send_packed(ud, msg);
 }
 
 /* Packs and sends one microbatch to stage 0. */

@@ -125,6 +125,8 @@ pp_status pp_rpc_stream_open(struct pp_rpc_channel *ch, const char *method, int6
 pp_status pp_rpc_stream_send(struct pp_rpc_stream *st, const void *data, size_t len);
 /* Queues m without copying it; the stream owns m from here on, whatever the result. */
 pp_status pp_rpc_stream_send_msg(struct pp_rpc_stream *st, struct pp_rpc_msg *m);
+/* Packs msg straight into gRPC's buffer (pp_rpc_msg_pack) and queues it. */
+pp_status pp_rpc_stream_send_packed(struct pp_rpc_stream *st, const ProtobufCMessage *msg);
 /* Client: no more messages from this side, after the queued ones. */
 void pp_rpc_stream_close_send(struct pp_rpc_stream *st);
 /* Server: ends the call with a status after the queued messages (message: NULL for none). */

@@ -394,6 +394,13 @@ pp_status pp_rpc_stream_send(struct pp_rpc_stream *st, const void *data, size_t 
     return s == PP_OK ? pp_rpc_stream_send_msg(st, msg) : s;
 }
 
+pp_status pp_rpc_stream_send_packed(struct pp_rpc_stream *st, const ProtobufCMessage *msg)
+{
+    struct pp_rpc_msg *m;
+    pp_status s = pp_rpc_msg_pack(msg, &m);
+    return s == PP_OK ? pp_rpc_stream_send_msg(st, m) : s;
+}
+
 pp_status pp_rpc_stream_send_msg(struct pp_rpc_stream *st, struct pp_rpc_msg *msg)
 {
     struct qmsg *m = pp_alloc(PP_MEM_RPC, sizeof(*m));
