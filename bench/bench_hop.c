@@ -217,12 +217,13 @@ static void report(const struct opts *o, double *hop, double *tcp, int n)
     printf("pp_bench_hop: one microbatch [%d, %d] f32 = %zu bytes, %d rounds each, alternating\n",
            o->rows, o->dim, bytes, n);
     printf("  hop (encode, gRPC stream, unpack, reassemble, answer): median %.3f ms = %.2f GB/s, "
-           "best %.3f ms = %.2f GB/s\n", hop_med * 1e3, bytes / hop_med / 1e9, hop_best * 1e3,
-           bytes / hop_best / 1e9);
+           "best %.3f ms = %.2f GB/s\n",
+           hop_med * 1e3, bytes / hop_med / 1e9, hop_best * 1e3, bytes / hop_best / 1e9);
     printf("  raw loopback TCP (write, read whole, answer):          median %.3f ms = %.2f GB/s, "
-           "best %.3f ms = %.2f GB/s\n", tcp_med * 1e3, bytes / tcp_med / 1e9, tcp_best * 1e3,
-           bytes / tcp_best / 1e9);
-    printf("  hop / TCP throughput: median %.3f, best %.3f\n", tcp_med / hop_med, tcp_best / hop_best);
+           "best %.3f ms = %.2f GB/s\n",
+           tcp_med * 1e3, bytes / tcp_med / 1e9, tcp_best * 1e3, bytes / tcp_best / 1e9);
+    printf("  hop / TCP throughput: median %.3f, best %.3f\n", tcp_med / hop_med,
+           tcp_best / hop_best);
     if (!o->json)
         return;
     struct pp_json j;
@@ -293,7 +294,8 @@ static int send_side(const struct opts *o, const char *self)
         pp_rpc_stream_open(ch, METHOD, 0, &cbs, NULL, &st) != PP_OK)
         die("sender: the gRPC stream");
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)tcp_port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)tcp_port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int one = 1;
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
@@ -343,20 +345,25 @@ int main(int argc, char **argv)
             o.dim = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && v)
             o.rounds = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--cpus") && v && sscanf(argv[++i], "%d,%d", &o.cpu_send,
-                                                           &o.cpu_recv) == 2)
+        else if (!strcmp(argv[i], "--cpus") && v &&
+                 sscanf(argv[++i], "%d,%d", &o.cpu_send, &o.cpu_recv) == 2)
             ;
         else if (!strcmp(argv[i], "--json") && v)
             o.json = argv[++i];
         else {
-            fprintf(stderr, "usage: pp_bench_hop [--rows N] [--dim N] [--rounds N] [--cpus A,B] "
-                            "[--json PATH]\n(got '%s')\n", argv[i]);
+            fprintf(stderr,
+                    "usage: pp_bench_hop [--rows N] [--dim N] [--rounds N] [--cpus A,B] "
+                    "[--json PATH]\n(got '%s')\n",
+                    argv[i]);
             return 2;
         }
     }
-    if (o.rows < 1 || o.dim < 1 || o.rounds < 1 || (size_t)o.rows * (size_t)o.dim * 4 > (64u << 20)) {
-        fprintf(stderr, "pp_bench_hop: expected rows, dim, rounds >= 1 and rows × dim × 4 <= 64 "
-                        "MiB; got rows %d, dim %d, rounds %d\n", o.rows, o.dim, o.rounds);
+    if (o.rows < 1 || o.dim < 1 || o.rounds < 1 ||
+        (size_t)o.rows * (size_t)o.dim * 4 > (64u << 20)) {
+        fprintf(stderr,
+                "pp_bench_hop: expected rows, dim, rounds >= 1 and rows × dim × 4 <= 64 "
+                "MiB; got rows %d, dim %d, rounds %d\n",
+                o.rows, o.dim, o.rounds);
         return 2;
     }
     char self[4096];

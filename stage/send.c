@@ -41,7 +41,8 @@ static void out_end(void *ud, struct pp_rpc_stream *st, pp_status status)
     struct pp_stage *s = o->s;
     char detail[400], target[PP_CFG_STR_MAX];
     snprintf(detail, sizeof(detail), "%s",
-             status != PP_OK ? pp_error_detail() : "it ended the stream in order");
+             status != PP_OK ? pp_error_detail()
+                             : "it is stopping (it ended the stream in order)");
     snprintf(target, sizeof(target), "%s", o->target);
     pthread_mutex_lock(&o->mu);
     int broken = !o->closing;

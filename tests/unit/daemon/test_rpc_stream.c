@@ -1,7 +1,8 @@
 /* Streaming calls over real loopback sockets: a server stream of many messages in order, a
- * bidirectional echo with large messages, messages packed straight into gRPC's buffers (large and
- * small in turn, every byte checked in order), a client that goes away (the server notices), a server
- * that refuses or fails a stream (the client sees the status and message), and a deadline. */
+ * bidirectional echo with large messages, messages packed straight into gRPC's buffers (large
+ * and small in turn, every byte checked in order), a client that goes away (the server notices),
+ * a server that refuses or fails a stream (the client sees the status and message), and a
+ * deadline. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,9 +242,10 @@ static void test_bidi_echo_large(void **state)
     pp_rpc_stream_release(st);
 }
 
-/* pp_rpc_msg_pack + pp_rpc_stream_send_msg (and pp_rpc_stream_send_packed): HopMessage chunks of 1 MiB and of a few bytes in
- * turn come back exactly as pp_rpc_pack packs them (a small message after a large one is not read
- * out of the large one's buffer), and a message given to a stream that ended is freed. */
+/* pp_rpc_msg_pack + pp_rpc_stream_send_msg (and pp_rpc_stream_send_packed): HopMessage chunks of
+ * 1 MiB and of a few bytes in turn come back exactly as pp_rpc_pack packs them (a small message
+ * after a large one is not read out of the large one's buffer), and a message given to a stream
+ * that ended is freed. */
 static void test_packed_messages(void **state)
 {
     (void)state;
