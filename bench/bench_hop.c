@@ -1,7 +1,8 @@
 /* pp_bench_hop: one pipeline hop's activation transfer, through the stages' own code, against a
  * raw loopback TCP copy of the same bytes between the same two processes, measured in one run.
  *
- *   pp_bench_hop [--rows 512] [--dim 2048] [--rounds 40] [--cpus A,B] [--json PATH]
+ *   pp_bench_hop [--rows 512] [--dim 2048] [--rounds 40] [--cpus A,B] [--malloc keep|default]
+ *                [--json PATH]
  *
  * The process starts a copy of itself as the receiver (pinned to core B, the sender to core A when
  * --cpus is given). A hop round: the sender encodes one f32 microbatch [rows, dim] into HopMessage
@@ -10,7 +11,8 @@
  * reassembled the microbatch (pp_hop_assembler_push). A TCP round: the same bytes written to a
  * plain loopback socket, read whole by the receiver, answered with one byte. Rounds alternate; the
  * figures are the medians and the best, and their ratio (hop / TCP) is what to compare across
- * machines. Not run by ctest. */
+ * machines. Both processes keep large buffers in the C library's heap as ppserve-stage does
+ * (pp_alloc_keep_large_buffers), unless --malloc default. Not run by ctest. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "common/alloc.h"
 #include "common/json_write.h"
 #include "common/rpc/hop.h"
 #include "common/rpc/rpc.h"
@@ -101,9 +104,11 @@ static void recv_end(void *ud, struct pp_rpc_stream *st, pp_status status)
     pp_rpc_stream_release(st);
 }
 
-static int serve(size_t bytes, int dim, int cpu)
+static int serve(size_t bytes, int dim, int cpu, int keep)
 {
     pin(cpu);
+    if (keep)
+        pp_alloc_keep_large_buffers(); /* as ppserve-stage does */
     pp_rpc_init();
     pp_hop_assembler_init(&assembler, bytes + 1, dim);
     static const struct pp_rpc_stream_cbs cbs = {recv_message, NULL, recv_end};
@@ -206,6 +211,7 @@ static double median(double *v, int n)
 
 struct opts {
     int rows, dim, rounds, cpu_send, cpu_recv;
+    int keep; /* pp_alloc_keep_large_buffers in both processes (--malloc keep, the default) */
     const char *json;
 };
 
@@ -214,8 +220,9 @@ static void report(const struct opts *o, double *hop, double *tcp, int n)
     size_t bytes = (size_t)o->rows * (size_t)o->dim * 4;
     double hop_med = median(hop, n), tcp_med = median(tcp, n);
     double hop_best = hop[0], tcp_best = tcp[0];
-    printf("pp_bench_hop: one microbatch [%d, %d] f32 = %zu bytes, %d rounds each, alternating\n",
-           o->rows, o->dim, bytes, n);
+    printf("pp_bench_hop: one microbatch [%d, %d] f32 = %zu bytes, %d rounds each, alternating; "
+           "malloc %s\n",
+           o->rows, o->dim, bytes, n, o->keep ? "keep (as ppserve-stage)" : "default");
     printf("  hop (encode, gRPC stream, unpack, reassemble, answer): median %.3f ms = %.2f GB/s, "
            "best %.3f ms = %.2f GB/s\n",
            hop_med * 1e3, bytes / hop_med / 1e9, hop_best * 1e3, bytes / hop_best / 1e9);
@@ -250,6 +257,8 @@ static void report(const struct opts *o, double *hop, double *tcp, int n)
     pp_json_double(&j, tcp_med / hop_med);
     pp_json_key(&j, "hop_over_tcp_best");
     pp_json_double(&j, tcp_best / hop_best);
+    pp_json_key(&j, "malloc");
+    pp_json_cstring(&j, o->keep ? "keep" : "default");
     pp_json_key(&j, "loadavg");
     pp_json_double(&j, pp_bench_loadavg());
     pp_json_end_object(&j);
@@ -262,10 +271,11 @@ static void report(const struct opts *o, double *hop, double *tcp, int n)
 static int send_side(const struct opts *o, const char *self)
 {
     size_t bytes = (size_t)o->rows * (size_t)o->dim * 4;
-    char rows[16], dim[16], cpu[16];
+    char rows[16], dim[16], cpu[16], keep[4];
     snprintf(rows, sizeof(rows), "%d", o->rows);
     snprintf(dim, sizeof(dim), "%d", o->dim);
     snprintf(cpu, sizeof(cpu), "%d", o->cpu_recv);
+    snprintf(keep, sizeof(keep), "%d", o->keep);
     int out[2];
     if (pipe(out) != 0)
         die("pipe");
@@ -273,12 +283,14 @@ static int send_side(const struct opts *o, const char *self)
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
     posix_spawn_file_actions_addclose(&fa, out[0]);
-    char *argv[] = {(char *)self, "--serve", rows, dim, cpu, NULL};
+    char *argv[] = {(char *)self, "--serve", rows, dim, cpu, keep, NULL};
     pid_t pid;
     if (posix_spawn(&pid, self, &fa, NULL, argv, environ) != 0)
         die("cannot start the receiver");
     close(out[1]);
     pin(o->cpu_send);
+    if (o->keep)
+        pp_alloc_keep_large_buffers();
     FILE *rf = fdopen(out[0], "r");
     int rpc_port, tcp_port;
     if (!rf || fscanf(rf, "%d %d", &rpc_port, &tcp_port) != 2)
@@ -332,11 +344,11 @@ static int send_side(const struct opts *o, const char *self)
 
 int main(int argc, char **argv)
 {
-    if (argc == 5 && strcmp(argv[1], "--serve") == 0) {
+    if (argc == 6 && strcmp(argv[1], "--serve") == 0) {
         int rows = atoi(argv[2]), dim = atoi(argv[3]);
-        return serve((size_t)rows * (size_t)dim * 4, dim, atoi(argv[4]));
+        return serve((size_t)rows * (size_t)dim * 4, dim, atoi(argv[4]), atoi(argv[5]));
     }
-    struct opts o = {512, 2048, 40, -1, -1, NULL};
+    struct opts o = {512, 2048, 40, -1, -1, 1, NULL};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--rows") && v)
@@ -348,12 +360,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--cpus") && v &&
                  sscanf(argv[++i], "%d,%d", &o.cpu_send, &o.cpu_recv) == 2)
             ;
+        else if (!strcmp(argv[i], "--malloc") && v && (!strcmp(v, "keep") || !strcmp(v, "default")))
+            o.keep = !strcmp(argv[++i], "keep");
         else if (!strcmp(argv[i], "--json") && v)
             o.json = argv[++i];
         else {
             fprintf(stderr,
                     "usage: pp_bench_hop [--rows N] [--dim N] [--rounds N] [--cpus A,B] "
-                    "[--json PATH]\n(got '%s')\n",
+                    "[--malloc keep|default] [--json PATH]\n(got '%s')\n",
                     argv[i]);
             return 2;
         }

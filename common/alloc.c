@@ -3,6 +3,7 @@
  * own, whose size the caller gives back on release. */
 #include "common/alloc.h"
 
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -82,6 +83,15 @@ static size_t huge_len(size_t size)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     return ((size ? size : 1) + page - 1) / page * page;
+}
+
+int pp_alloc_keep_large_buffers(void)
+{
+#ifdef M_MMAP_THRESHOLD
+    return mallopt(M_MMAP_THRESHOLD, 64 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 128 << 20) == 1;
+#else
+    return 0;
+#endif
 }
 
 void *pp_alloc_huge(enum pp_mem_category cat, size_t size)

@@ -198,6 +198,9 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    if (!pp_alloc_keep_large_buffers()) /* e.g. a sanitizer's allocator: only speed suffers */
+        PP_INFO("the C library refused to keep large buffers in its heap: each microbatch's "
+                "activations are mapped afresh (slower hops)");
 
     context_init(s);
     int rc = 0;
