@@ -2,7 +2,7 @@
  * weights streamed.
  *
  *   pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] [--tokens 1,2,4,8,12] [--reps R]
- *                   [--row-div D] [--layers L] [--json PATH]
+ *                   [--row-div D] [--layers L] [--layout groups|rows] [--json PATH]
  *
  * The weights are the seven matrices of a tinyllama layer (wq, wk, wv, wo, gate, up, down; 88 MB
  * in f16), random, in the given dtype, in huge-page memory as the engine holds them, L distinct
@@ -16,7 +16,10 @@
  * thread instead, which a preempting neighbour does not inflate (exact with one thread; with more
  * it counts the workers' spinning between calls). --row-div D keeps 1/D of each matrix's rows and
  * (unless --layers says otherwise) one layer: with D = 64 (1.4 MB in f16) the weights come from
- * the caches, which shows what the loops cost without the memory. Not run by ctest. */
+ * the caches, which shows what the loops cost without the memory. --layout: the weights as the
+ * backend's weight_load stores them (groups, the default: rows in groups of 3, interleaved), or
+ * row-major as in the model file (rows: how the backend computes with cpu_weights = "map"). Not
+ * run by ctest. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,7 +110,7 @@ int main(int argc, char **argv)
 {
     int threads = 1, reps = 9, tokens[16], n_tokens, row_div = 1, layers = 0;
     char dtypes[64] = "f16,bf16,q8_0";
-    const char *json = NULL, *tok_list = "1,2,4,8,12";
+    const char *json = NULL, *tok_list = "1,2,4,8,12", *layout = "groups";
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -126,14 +129,17 @@ int main(int argc, char **argv)
             row_div = atoi(v);
         else if (strcmp(a, "--layers") == 0)
             layers = atoi(v);
+        else if (strcmp(a, "--layout") == 0)
+            layout = v;
         else
             goto usage;
     }
     n_tokens = parse_list(tok_list, tokens, 16);
     if (layers == 0)
         layers = row_div > 1 ? 1 : 8;
+    int grouped = strcmp(layout, "groups") == 0;
     if (threads < 1 || reps < 1 || n_tokens < 1 || row_div < 1 || row_div > 256 || layers < 1 ||
-        layers > MAX_LAYERS)
+        layers > MAX_LAYERS || (!grouped && strcmp(layout, "rows") != 0))
         goto usage;
 
     struct pp_backend *be;
@@ -151,9 +157,9 @@ int main(int argc, char **argv)
 
     double load0 = pp_bench_loadavg();
     double bw0 = pp_bench_read_bandwidth(threads);
-    printf("pp_bench_matmul: %d threads, %d tinyllama layers' matrices (1/%d of the rows), median "
-           "of %d passes (load average %.2f, read bandwidth %.2f GB/s)\n", threads, layers,
-           row_div, reps, load0, bw0 / 1e9);
+    printf("pp_bench_matmul: %d threads, %d tinyllama layers' matrices (1/%d of the rows, %s), "
+           "median of %d passes (load average %.2f, read bandwidth %.2f GB/s)\n", threads, layers,
+           row_div, grouped ? "in row groups" : "row-major", reps, load0, bw0 / 1e9);
     printf("%-6s %6s %10s %10s %9s %9s %9s %9s\n", "dtype", "tokens", "MB/pass", "median ms",
            "GB/s", "best GB/s", "cpu GB/s", "GFLOP/s");
     struct result res[64];
@@ -178,6 +184,16 @@ int main(int argc, char **argv)
                 return 1;
             }
             w[i] = (struct pp_weight){data, (enum pp_dtype)dt, rows, mats[m].cols};
+            if (grouped) { /* the backend's copy, as a model's weights are loaded */
+                struct pp_weight lw;
+                if (be->ops->weight_load(be, &w[i], 0, &lw) != PP_OK) {
+                    fprintf(stderr, "%s\n", pp_error_detail());
+                    return 1;
+                }
+                pp_free_huge(PP_MEM_WEIGHTS, data,
+                             (size_t)(rows * pp_dtype_row_bytes(dt, mats[m].cols)));
+                w[i] = lw;
+            }
             bytes += (double)rows * (double)pp_dtype_row_bytes(dt, mats[m].cols);
             flops_per_tok += 2.0 * (double)rows * (double)mats[m].cols;
         }
@@ -205,9 +221,13 @@ int main(int argc, char **argv)
                    o->median_s * 1e3, bytes / o->median_s / 1e9, bytes / o->best_s / 1e9,
                    bytes / o->cpu_s / 1e9, flops_per_tok * n / o->median_s / 1e9);
         }
-        for (int i = 0; i < n_w; i++)
-            pp_free_huge(PP_MEM_WEIGHTS, (void *)w[i].data,
-                         (size_t)(w[i].rows * pp_dtype_row_bytes(w[i].dtype, w[i].cols)));
+        for (int i = 0; i < n_w; i++) {
+            if (grouped)
+                be->ops->weight_free(be, &w[i]);
+            else
+                pp_free_huge(PP_MEM_WEIGHTS, (void *)w[i].data,
+                             (size_t)(w[i].rows * pp_dtype_row_bytes(w[i].dtype, w[i].cols)));
+        }
     }
     double load1 = pp_bench_loadavg();
     double bw1 = pp_bench_read_bandwidth(threads), bw = bw0 > bw1 ? bw0 : bw1;
@@ -229,6 +249,8 @@ int main(int argc, char **argv)
         pp_json_int(&j, row_div);
         pp_json_key(&j, "layers");
         pp_json_int(&j, layers);
+        pp_json_key(&j, "layout");
+        pp_json_cstring(&j, grouped ? "groups" : "rows");
         pp_json_key(&j, "read_bytes_per_s");
         pp_json_begin_array(&j);
         pp_json_double(&j, bw0);
@@ -280,6 +302,7 @@ int main(int argc, char **argv)
 
 usage:
     fprintf(stderr, "usage: pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] "
-                    "[--tokens 1,2,4,8,12] [--reps R] [--row-div D] [--layers L] [--json PATH]\n");
+                    "[--tokens 1,2,4,8,12] [--reps R] [--row-div D] [--layers L] "
+                    "[--layout groups|rows] [--json PATH]\n");
     return 2;
 }

@@ -33,13 +33,22 @@
 extern "C" {
 #endif
 
-/* A 2-D weight stored row-major as [rows, cols] in its file's dtype (host memory), or as loaded by a
- * backend's weight_load (the backend's memory, possibly another dtype). */
+/* How a weight's rows are stored. */
+enum pp_weight_layout {
+    PP_WEIGHT_ROWS = 0,   /* row-major [rows, cols], as in model files */
+    PP_WEIGHT_ROW_GROUPS, /* the CPU backend's copy: rows in groups of 3, a group's rows
+                           * interleaved 8 elements (or one Q8_0 block) at a time
+                           * (kernels/cpu/row_groups.h) */
+};
+
+/* A 2-D weight [rows, cols] in its file's dtype (host memory), or as loaded by a backend's
+ * weight_load (the backend's memory, possibly another dtype or layout). */
 struct pp_weight {
     const void *data;
     enum pp_dtype dtype;
     int64_t rows;
     int64_t cols;
+    enum pp_weight_layout layout;
 };
 
 enum pp_rope_layout {
@@ -105,11 +114,12 @@ struct pp_backend_ops {
     pp_status (*copy_out)(struct pp_backend *be, void *dst, const void *src, int64_t bytes);
     /* Waits for every queued op; returns the backend's first error since it was made. */
     pp_status (*sync)(struct pp_backend *be);
-    /* Makes weight w usable by matmul and embed: *out describes it in the backend's memory (the CPU
-     * copies it unchanged into huge-page host memory, or uses w itself after
-     * pp_backend_cpu_map_weights; CUDA uploads it, keeping f16 and bf16 and converting f32 and
-     * Q8_0 to bf16). resident: w->data is already in this backend's memory (used in place,
-     * nothing copied). A loaded weight with out->data != w->data is released with weight_free. */
+    /* Makes weight w (row-major) usable by matmul and embed: *out describes it in the backend's
+     * memory (the CPU copies it into huge-page host memory in PP_WEIGHT_ROW_GROUPS, or uses w
+     * itself after pp_backend_cpu_map_weights; CUDA uploads it, keeping f16 and bf16 and
+     * converting f32 and Q8_0 to bf16). resident: w->data is already in this backend's memory
+     * (used in place, nothing copied). A loaded weight with out->data != w->data is released
+     * with weight_free. */
     pp_status (*weight_load)(struct pp_backend *be, const struct pp_weight *w, int resident,
                              struct pp_weight *out);
     void (*weight_free)(struct pp_backend *be, struct pp_weight *w);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/row_groups.h"
 
 #define SWIGLU_GRAIN 16384 /* elements per work item; smaller calls run inline */
 
@@ -50,9 +51,14 @@ void pp__cpu_embed(struct pp_backend *be, float *out, const struct pp_weight *w,
 {
     (void)be;
     int64_t row_bytes = pp_dtype_row_bytes(w->dtype, w->cols);
-    for (int64_t t = 0; t < n; t++)
-        pp_row_to_f32(out + t * w->cols, (const char *)w->data + ids[t] * row_bytes, w->dtype,
-                      w->cols);
+    for (int64_t t = 0; t < n; t++) {
+        if (w->layout == PP_WEIGHT_ROW_GROUPS)
+            pp__row_groups_row_to_f32(out + t * w->cols, w->data, w->dtype, w->rows, w->cols,
+                                      ids[t]);
+        else
+            pp_row_to_f32(out + t * w->cols, (const char *)w->data + ids[t] * row_bytes, w->dtype,
+                          w->cols);
+    }
 }
 
 void pp__cpu_add_gated(struct pp_backend *be, float *y, const float *x, const float *g, int64_t n,

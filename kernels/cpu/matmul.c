@@ -5,6 +5,7 @@
 #include <assert.h>
 
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/row_groups.h"
 
 /* Rows per chunk handed to a thread (multiples of the 3- and 4-row register tiles). Chunks are
  * taken dynamically, so a preempted thread on a shared machine holds nobody up; the many-token
@@ -13,6 +14,8 @@
  * are 256 rows). */
 #define ROW_GRAIN 24
 #define ROW_GRAIN_PACKED 48
+_Static_assert(ROW_GRAIN % PP_ROW_GROUP == 0 && ROW_GRAIN_PACKED % PP_ROW_GROUP == 0,
+               "a thread's rows start at a row group");
 
 struct matmul_job {
     struct pp_cpu *cpu;
@@ -34,7 +37,8 @@ void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struc
     struct pp_cpu *c = pp__cpu(be);
     assert(w->cols <= c->cap[PP_CPU_SCRATCH_ROW] && "backend reserve() not called for these shapes");
     struct matmul_job j = {c, {y, x, w->data, w->dtype, w->rows, w->cols, n,
-                               pp_dtype_row_bytes(w->dtype, w->cols)}};
+                               pp_dtype_row_bytes(w->dtype, w->cols),
+                               w->layout == PP_WEIGHT_ROW_GROUPS}};
     pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, w->rows,
                               n > PP_MM_DIRECT_MAX_TOKENS ? ROW_GRAIN_PACKED : ROW_GRAIN);
 }

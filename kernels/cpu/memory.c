@@ -2,11 +2,13 @@
  * allocator, copies are memcpy, nothing is queued (sync has nothing to wait for and the CPU ops
  * cannot fail). Weights are copied into huge-page memory at load (a decode step streams every
  * weight once: from the model file's 4 KiB page-cache pages it ran 5-9% slower on this
- * project's machine, see docs/benchmarks.md), unless the backend was told to map them, or they are
- * already this process's memory (resident); vectors are small and used in place. */
+ * project's machine, see docs/benchmarks.md), in row groups (kernels/cpu/row_groups.h), unless
+ * the backend was told to map them, or they are already this process's memory (resident), which
+ * stay row-major; vectors are small and used in place. */
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/row_groups.h"
 
 pp_status pp__cpu_buf_alloc(struct pp_backend *be, enum pp_mem_category cat, int64_t bytes,
                             void **out)
@@ -63,6 +65,9 @@ pp_status pp__cpu_weight_load(struct pp_backend *be, const struct pp_weight *w, 
                               struct pp_weight *out)
 {
     *out = *w;
+    if (w->layout != PP_WEIGHT_ROWS)
+        return pp_error(PP_ERR_INVALID_ARG, "cpu backend: expected a row-major weight to load, got "
+                        "one already in row groups (loaded twice?)");
     if (resident || pp__cpu(be)->map_weights || !w->data)
         return PP_OK;
     size_t bytes = weight_bytes(w);
@@ -72,8 +77,9 @@ pp_status pp__cpu_weight_load(struct pp_backend *be, const struct pp_weight *w, 
                         "(%zu bytes) out of the model file (cpu_weights = \"map\" computes from "
                         "the file in place)", (long long)w->rows, (long long)w->cols,
                         pp_dtype_name(w->dtype), bytes);
-    memcpy(p, w->data, bytes);
+    pp__row_groups_pack(p, w->data, w->dtype, w->rows, w->cols);
     out->data = p;
+    out->layout = PP_WEIGHT_ROW_GROUPS;
     return PP_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/row_groups.h"
 
 /* Each weight row converted to f32 (exact), then one pp__dot per token. */
 static void matmul_rows_portable(const struct pp_mm_args *a, int64_t r0, int64_t r1,
@@ -15,7 +16,9 @@ static void matmul_rows_portable(const struct pp_mm_args *a, int64_t r0, int64_t
     for (int64_t r = r0; r < r1; r++) {
         const float *wr = s->row;
         const void *src = base + r * a->row_bytes;
-        if (a->dtype == PP_DTYPE_F32)
+        if (a->grouped)
+            pp__row_groups_row_to_f32(s->row, base, a->dtype, a->rows, a->cols, r);
+        else if (a->dtype == PP_DTYPE_F32)
             wr = src;
         else
             pp_row_to_f32(s->row, src, a->dtype, a->cols);

@@ -61,6 +61,8 @@ struct pp_mm_args {
     int64_t cols;
     int64_t n;
     int64_t row_bytes; /* bytes of one stored weight row */
+    int grouped;       /* w in row groups (kernels/cpu/row_groups.h): then r0 (and r1 unless it is
+                        * rows) of matmul_rows are multiples of PP_ROW_GROUP */
 };
 
 /* Per-thread scratch of one matmul call. */

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/row_groups.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -43,6 +44,10 @@
 #endif
 #ifndef PP_MM_DIRECT_PF_GROUPS
 #define PP_MM_DIRECT_PF_GROUPS 1
+#endif
+/* Weights in row groups are one stream per thread: prefetch this many bytes ahead in it. */
+#ifndef PP_MM_GROUPED_PF_BYTES
+#define PP_MM_GROUPED_PF_BYTES 4096
 #endif
 #ifndef PP_MM_PF_HINT
 #define PP_MM_PF_HINT _MM_HINT_T0
@@ -77,32 +82,32 @@ AI __m256 ld_q8(const uint8_t *q, __m256 d)
     return _mm256_mul_ps(_mm256_cvtepi32_ps(v), d); /* d·q is exact in f32 */
 }
 
-/* Eight weights [k, k+8) of a stored row as f32 (k a multiple of 8, k + 8 <= cols). */
-AI __m256 ld_w(const char *row, enum pp_dtype dt, int64_t k)
+/* Eight weights [k, k+8) of a row as f32 (k a multiple of 8, within the row's whole units), the
+ * row's units (kernels/cpu/row_groups.h) starting at row, ustride bytes apart. */
+AI __m256 ld_w(const char *row, enum pp_dtype dt, int64_t k, int64_t ustride)
 {
     switch (dt) {
-    case PP_DTYPE_F32: return _mm256_loadu_ps((const float *)row + k);
+    case PP_DTYPE_F32: return _mm256_loadu_ps((const float *)(row + k / 8 * ustride));
     case PP_DTYPE_F16:
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + k / 8 * ustride)));
     case PP_DTYPE_BF16: {
-        const uint16_t *h = (const uint16_t *)row + k;
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
+        const __m128i *h = (const __m128i *)(row + k / 8 * ustride);
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(h));
         return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     }
     default: {
-        const uint8_t *b = (const uint8_t *)row + (k / PP_Q8_0_BLOCK) * PP_Q8_0_BYTES;
+        const uint8_t *b = (const uint8_t *)row + (k / PP_Q8_0_BLOCK) * ustride;
         return ld_q8(b + 2 + k % PP_Q8_0_BLOCK, _mm256_set1_ps(q8_scale(b)));
     }
     }
 }
 
-/* The last rem (< 8) weights of a row from element k, zero-padded to eight (never Q8_0, whose rows
- * are whole blocks). */
-static __m256 ld_w_tail(const char *row, enum pp_dtype dt, int64_t k, int64_t rem)
+/* A row's short last unit of rem (< 8) weights stored at p, zero-padded to eight (never Q8_0,
+ * whose rows are whole blocks). */
+static __m256 ld_w_tail(const char *p, enum pp_dtype dt, int64_t rem)
 {
     float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t esz = dt == PP_DTYPE_F32 ? 4 : 2;
-    pp_row_to_f32(buf, row + k * esz, dt, rem);
+    pp_row_to_f32(buf, p, dt, rem);
     return _mm256_loadu_ps(buf);
 }
 
@@ -110,8 +115,11 @@ static __m256 ld_w_tail(const char *row, enum pp_dtype dt, int64_t k, int64_t re
 
 /* Where one direct tile's operands are, for one block [k0, k0 + kl) of the reduction. */
 struct dtile {
-    const char *w;      /* stored weight row 0 of the tile; rows row_bytes apart */
-    int64_t row_bytes;
+    const char *w;      /* the first byte of the tile's rows (a row group when grouped) */
+    int64_t row_off;    /* their units as struct pp_row_group says */
+    int64_t ustride;
+    int64_t tail_off;
+    int64_t pf_row;     /* bytes between the lines one pass prefetches for its rows */
     const float *x;     /* activations of token 0 of the tile; tokens ldx apart */
     int64_t ldx;
     int64_t k0;         /* first element of the block (a multiple of PP_MM_DIRECT_KB_ALIGN) */
@@ -123,6 +131,9 @@ struct dtile {
     float *y;           /* y of (row 0, token 0); token j, row i at y + j * ldy + i */
     int64_t ldy;
     int64_t pf;         /* bytes from a weight to the one to prefetch alongside it; 0: none */
+    const char *pf_end; /* row groups: a prefetch at or past here goes pf_wrap further, into the
+                         * piece of weights read next; NULL (row-major): pf is exact */
+    int64_t pf_wrap;
 };
 
 /* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
@@ -133,7 +144,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
     __m256 acc[4][4];
     _Pragma("GCC unroll 4")
     for (int i = 0; i < MR; i++)
-        rowp[i] = m->w + i * m->row_bytes;
+        rowp[i] = m->w + i * m->row_off;
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NT; j++)
         xp[j] = m->x + j * m->ldx;
@@ -151,9 +162,12 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             const uint8_t *blk[4];
             _Pragma("GCC unroll 4")
             for (int i = 0; i < MR; i++) {
-                blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * PP_Q8_0_BYTES;
-                if (m->pf)
-                    _mm_prefetch((const char *)blk[i] + m->pf, PP_MM_PF_HINT);
+                blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * m->ustride;
+                if (m->pf) {
+                    const char *pb = (const char *)blk[i] + m->pf;
+                    _mm_prefetch(m->pf_end && pb >= m->pf_end ? pb + m->pf_wrap : pb,
+                                 PP_MM_PF_HINT);
+                }
                 d[i] = _mm256_set1_ps(q8_scale(blk[i]));
             }
             _Pragma("GCC unroll 4")
@@ -172,16 +186,19 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             }
         }
     } else {
-        int64_t esz = dt == PP_DTYPE_F32 ? 4 : 2, k = k0;
+        int64_t k = k0, us = m->ustride;
         /* 32 elements (one or two cache lines of each row) per pass, prefetching the same lines
          * of the rows that come next */
         for (; k + 32 <= kend; k += 32) {
             if (m->pf) {
+                const char *pl = m->w + k / 8 * us + m->pf;
+                if (m->pf_end && pl >= m->pf_end)
+                    pl += m->pf_wrap;
                 _Pragma("GCC unroll 4")
                 for (int i = 0; i < MR; i++) {
-                    _mm_prefetch(rowp[i] + k * esz + m->pf, PP_MM_PF_HINT);
-                    if (esz == 4)
-                        _mm_prefetch(rowp[i] + k * esz + 64 + m->pf, PP_MM_PF_HINT);
+                    _mm_prefetch(pl + i * m->pf_row, PP_MM_PF_HINT);
+                    if (dt == PP_DTYPE_F32)
+                        _mm_prefetch(pl + i * m->pf_row + 64, PP_MM_PF_HINT);
                 }
             }
             _Pragma("GCC unroll 4")
@@ -189,7 +206,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
                 __m256 wv[4];
                 _Pragma("GCC unroll 4")
                 for (int i = 0; i < MR; i++)
-                    wv[i] = ld_w(rowp[i], dt, k + s);
+                    wv[i] = ld_w(rowp[i], dt, k + s, us);
                 _Pragma("GCC unroll 4")
                 for (int j = 0; j < NT; j++) {
                     __m256 xv = _mm256_loadu_ps(xp[j] + k + s);
@@ -203,7 +220,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             __m256 wv[4];
             _Pragma("GCC unroll 4")
             for (int i = 0; i < MR; i++)
-                wv[i] = ld_w(rowp[i], dt, k);
+                wv[i] = ld_w(rowp[i], dt, k, us);
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++) {
                 __m256 xv = _mm256_loadu_ps(xp[j] + k);
@@ -217,7 +234,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             __m256 wv[4];
             _Pragma("GCC unroll 4")
             for (int i = 0; i < MR; i++)
-                wv[i] = ld_w_tail(rowp[i], dt, kend, m->rem);
+                wv[i] = ld_w_tail(m->w + kend / 8 * us + i * m->tail_off, dt, m->rem);
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++) {
                 __m256 xv = _mm256_maskload_ps(xp[j] + kend, mk);
@@ -295,7 +312,8 @@ static int dtype_index(enum pp_dtype dt)
  * lane sums of (row, token) wait in scratch between blocks, which continues each lane's chain
  * exactly. So each weight byte is read from memory once per call whatever n, and the activations
  * come from cache. Rows go in groups of 4 with token tiles of up to 3, or of 3 with tiles of up to
- * 4, whichever needs fewer loads per FMA for this n (counted for n <= 12). */
+ * 4, whichever needs fewer loads per FMA for this n (counted for n <= 12); weights in row groups
+ * always go in their groups of 3. */
 static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                    const struct pp_mm_scratch *s)
 {
@@ -304,19 +322,20 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     if (n <= 0)
         return;
     /* row group and token tiles: MR = 3 with tiles of 4 when that takes fewer loads */
-    int mr = (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
+    int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
     int ntmax = mr == 4 ? 3 : 4;
     int64_t n_tiles = (n + ntmax - 1) / ntmax;
     int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
     if (kb < PP_MM_DIRECT_KB_ALIGN)
         kb = PP_MM_DIRECT_KB_ALIGN;
-    int64_t sb = PP_MM_ACC_CAP / (n * 8);
+    /* super-blocks in whole row groups of 3 and of 4 */
+    int64_t sb = PP_MM_ACC_CAP / (n * 8) / 12 * 12;
     if (kb >= cols) /* one block: no lane sums in scratch, any number of rows */
         sb = r1 - r0;
     for (int64_t rs = r0; rs < r1; rs += sb) {
         int64_t rs1 = r1 - rs < sb ? r1 : rs + sb;
         struct dtile m;
-        m.row_bytes = a->row_bytes;
+        m.pf_row = a->grouped ? (a->dtype == PP_DTYPE_F32 ? 128 : 64) : a->row_bytes;
         m.ldx = cols;
         m.lda = n * 8;
         m.ldy = a->rows;
@@ -329,15 +348,33 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             m.last = k0 + kl == cols;
             for (int64_t r = rs; r < rs1; r += mr) {
                 int rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
+                struct pp_row_group q = pp__row_group(a->dtype, cols, a->grouped, rows);
                 m.w = (const char *)a->w + r * a->row_bytes;
+                m.row_off = q.row_off;
+                m.ustride = q.unit_stride;
+                m.tail_off = q.tail_off;
                 /* the first token tile prefetches the next row group's lines of this block, or
                  * after the last group the first group's lines of the next block, if any */
                 int64_t pr = r + PP_MM_DIRECT_PF_GROUPS * mr, pf = (pr - r) * a->row_bytes;
                 if (pr >= rs1) /* nothing to prefetch after the last block: the thread's next
                                   * rows are not known here */
-                    pf = k0 + kl < cols
-                             ? (pr - (rs1 - rs) - r) * a->row_bytes + block_bytes(a->dtype, kb)
-                             : 0;
+                    pf = k0 + kl < cols ? (pr - (rs1 - rs) - r) * a->row_bytes +
+                                              block_bytes(a->dtype, kb)
+                                        : 0;
+                m.pf_end = NULL;
+                if (a->grouped) {
+                    /* one stream: a fixed distance ahead, past this group's piece of the block
+                     * into the piece read next (the next group's, or the first group's of the
+                     * next block) */
+                    int64_t ue = pp__unit_elems(a->dtype), full_us = PP_ROW_GROUP * q.row_off;
+                    const char *next =
+                        r + mr < rs1 ? m.w + mr * a->row_bytes + k0 / ue * full_us
+                                     : (const char *)a->w + rs * a->row_bytes +
+                                           (k0 + kl) / ue * full_us;
+                    pf = PP_MM_GROUPED_PF_BYTES;
+                    m.pf_end = m.w + (k0 + kl) / ue * m.ustride;
+                    m.pf_wrap = r + mr < rs1 || k0 + kl < cols ? next - m.pf_end : 0;
+                }
                 for (int64_t t = 0, ti = 0; t < n; ti++) {
                     /* tiles as even as possible: the first n % n_tiles get one more token */
                     int nt = (int)(n / n_tiles + (ti < n % n_tiles));
@@ -359,6 +396,7 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
  * register fill the 16 ymm registers; each step loads MR + NR vectors for MR·NR FMAs. */
 #define MR 3
 #define NR 4
+_Static_assert(MR == PP_ROW_GROUP, "a micro-panel is one row group");
 
 /* Converts rows [r, r+mc) × elements [k0, k0+kl) into f32 micro-panels of MR rows: the eight
  * weights of row i, step s of micro-panel p sit at panel[(p * steps + s) * MR * 8 + i * 8]. Rows
@@ -370,9 +408,10 @@ AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t
     for (int64_t p = 0; p < mc; p += MR) {
         float *pp = panel + (p / MR) * steps * MR * 8;
         int nr = mc - p < MR ? (int)(mc - p) : MR;
-        const char *rw[MR];
+        const char *gb = (const char *)a->w + (r + p) * a->row_bytes, *rw[MR];
+        struct pp_row_group q = pp__row_group(dt, a->cols, a->grouped, nr);
         for (int i = 0; i < nr; i++)
-            rw[i] = (const char *)a->w + (r + p + i) * a->row_bytes;
+            rw[i] = gb + i * q.row_off;
         /* the rows side by side, so that the panel is written in order (2-6% faster at 128
          * tokens than one row after another) */
         int64_t s = 0;
@@ -380,18 +419,22 @@ AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t
             for (; s * 8 < full; s++)
                 _Pragma("GCC unroll 3")
                 for (int i = 0; i < MR; i++)
-                    _mm256_storeu_ps(pp + s * MR * 8 + i * 8, ld_w(rw[i], dt, k0 + s * 8));
+                    _mm256_storeu_ps(pp + s * MR * 8 + i * 8,
+                                     ld_w(rw[i], dt, k0 + s * 8, q.unit_stride));
         } else {
             for (; s * 8 < full; s++)
                 for (int i = 0; i < MR; i++)
                     _mm256_storeu_ps(pp + s * MR * 8 + i * 8,
-                                     i < nr ? ld_w(rw[i], dt, k0 + s * 8) : _mm256_setzero_ps());
+                                     i < nr ? ld_w(rw[i], dt, k0 + s * 8, q.unit_stride)
+                                            : _mm256_setzero_ps());
         }
         if (full < kl)
             for (int i = 0; i < MR; i++)
-                _mm256_storeu_ps(pp + s * MR * 8 + i * 8, i < nr ? ld_w_tail(rw[i], dt, k0 + full,
-                                                                              kl - full)
-                                                               : _mm256_setzero_ps());
+                _mm256_storeu_ps(pp + s * MR * 8 + i * 8,
+                                 i < nr ? ld_w_tail(gb + (k0 + full) / 8 * q.unit_stride +
+                                                        i * q.tail_off,
+                                                    dt, kl - full)
+                                        : _mm256_setzero_ps());
     }
 }
 

@@ -106,6 +106,33 @@ static void weight_free(struct test_weight *tw)
     free(tw->deq);
 }
 
+/* y[n, rows] = x · wᵀ with w as be's weight_load lays it out (row groups), freed after. */
+static void matmul_loaded(struct pp_backend *be, float *y, const float *x,
+                          const struct test_weight *tw, int64_t n)
+{
+    struct pp_weight lw;
+    assert_int_equal(be->ops->weight_load(be, &tw->w, 0, &lw), PP_OK);
+    assert_int_equal(lw.layout, PP_WEIGHT_ROW_GROUPS);
+    be->ops->matmul(be, y, x, &lw, n);
+    be->ops->weight_free(be, &lw);
+}
+
+/* The same product from the row-major weight and from its row groups: the layout moves bytes,
+ * never the arithmetic. */
+static void check_layouts_agree(struct pp_backend *be, const float *y, const float *x,
+                                const struct test_weight *tw, int64_t n, const char *what)
+{
+    size_t bytes = (size_t)(n * tw->w.rows) * sizeof(float);
+    float *yg = malloc(bytes);
+    assert_non_null(yg);
+    matmul_loaded(be, yg, x, tw, n);
+    if (memcmp(y, yg, bytes) != 0)
+        fail_msg("matmul %s [%lld,%lld] n=%lld (%s): row groups differ from row-major",
+                 pp_dtype_name(tw->w.dtype), (long long)tw->w.rows, (long long)tw->w.cols,
+                 (long long)n, what);
+    free(yg);
+}
+
 /* --- matmul --------------------------------------------------------------------------------------- */
 
 /* y = x·wᵀ in double; also the sum of |x·w| terms, the scale of the float rounding error. */
@@ -125,7 +152,8 @@ static void matmul_ref(double *y, double *mag, const float *x, const float *w, i
         }
 }
 
-/* One shape on every backend: close to the reference, and the same bits on all thread counts. */
+/* One shape on every backend: close to the reference, and the same bits on all thread counts and
+ * from the weight in row groups. */
 static void check_matmul(struct pp_backend *be[N_BE], enum pp_dtype dt, int64_t rows, int64_t cols,
                          int64_t n, uint64_t *seed)
 {
@@ -149,6 +177,8 @@ static void check_matmul(struct pp_backend *be[N_BE], enum pp_dtype dt, int64_t 
         if (memcmp(y[0], y[b], (size_t)(n * rows) * sizeof(float)) != 0)
             fail_msg("matmul %s [%lld,%lld] n=%lld: %d threads differ from 1 thread",
                      pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, b + 1);
+    for (int b = 0; b < N_BE; b++)
+        check_layouts_agree(be[b], y[0], x, &tw, n, "threads 1-4");
     for (int b = 0; b < N_BE; b++)
         free(y[b]);
     free(x);
@@ -273,6 +303,7 @@ static void test_matmul_small_batches(void **state)
                 if (b > 0 && memcmp(yb[0], yb[b], bytes) != 0)
                     fail_msg("matmul %s n=%lld: %d threads differ from 1 thread",
                              pp_dtype_name(dts[d]), (long long)n, b + 1);
+                check_layouts_agree(be[b], yb[0], x, &tw, n, "several reduction blocks");
             }
             for (int64_t t = 0; t < n; t++) {
                 struct pp_backend *b1 = be[(t + n) % N_BE];
@@ -320,6 +351,8 @@ static void test_matmul_simd_matches_portable(void **state)
         if (memcmp(a, b, bytes) != 0)
             fail_msg("matmul %s [%lld,%lld] n=%lld: vector and portable loops differ",
                      pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n);
+        check_layouts_agree(fast, a, x, &tw, n, "vector loops");
+        check_layouts_agree(port, a, x, &tw, n, "portable loops");
         free(a);
         free(b);
         free(x);
@@ -511,11 +544,21 @@ static void test_embed(void **state)
         const int32_t ids[] = {0, 52, 7, 7, 31, 0, 1};
         const int64_t n = 7;
         float *out = malloc((size_t)(n * cols) * sizeof(float));
-        be[0]->ops->embed(be[0], out, &tw.w, ids, n);
-        for (int64_t t = 0; t < n; t++)
-            if (memcmp(out + t * cols, tw.deq + ids[t] * cols, (size_t)cols * sizeof(float)) != 0)
-                fail_msg("embed %s: token %lld (id %d) is not row %d", pp_dtype_name(dts[d]),
-                         (long long)t, ids[t], ids[t]);
+        /* row-major, and loaded in row groups (a head tied to its embedding is loaded so) */
+        struct pp_weight lw;
+        assert_int_equal(be[0]->ops->weight_load(be[0], &tw.w, 0, &lw), PP_OK);
+        assert_int_equal(lw.layout, PP_WEIGHT_ROW_GROUPS);
+        for (int layout = 0; layout < 2; layout++) {
+            memset(out, 0, (size_t)(n * cols) * sizeof(float));
+            be[0]->ops->embed(be[0], out, layout ? &lw : &tw.w, ids, n);
+            for (int64_t t = 0; t < n; t++)
+                if (memcmp(out + t * cols, tw.deq + ids[t] * cols,
+                           (size_t)cols * sizeof(float)) != 0)
+                    fail_msg("embed %s%s: token %lld (id %d) is not row %d",
+                             pp_dtype_name(dts[d]), layout ? " in row groups" : "", (long long)t,
+                             ids[t], ids[t]);
+        }
+        be[0]->ops->weight_free(be[0], &lw);
         free(out);
         weight_free(&tw);
     }
@@ -995,7 +1038,8 @@ static void test_memory_ops(void **state)
     assert_int_equal(be->ops->sync(be), PP_OK);
     be->ops->buf_free(be, PP_MEM_KV, p);
     assert_int_equal(pp_mem_live(PP_MEM_KV), kv0);
-    /* weights are copied (unchanged) into huge-page memory counted as weights, and freed */
+    /* weights are copied into huge-page memory counted as weights, in row groups of 3 (rows 0-2
+     * side by side 8 values at a time, then their 2-value tails; row 9 alone), and freed */
     struct pp_weight w = {src, PP_DTYPE_F32, 10, 10}, out;
     int64_t w0 = pp_mem_live(PP_MEM_WEIGHTS);
     assert_int_equal(be->ops->weight_load(be, &w, 0, &out), PP_OK);
@@ -1003,16 +1047,30 @@ static void test_memory_ops(void **state)
     assert_int_equal(out.dtype, PP_DTYPE_F32);
     assert_int_equal(out.rows, 10);
     assert_int_equal(out.cols, 10);
-    assert_memory_equal(out.data, src, sizeof(src));
+    assert_int_equal(out.layout, PP_WEIGHT_ROW_GROUPS);
+    const float *lf = out.data;
+    for (int i = 0; i < 8; i++) {
+        assert_true(lf[i] == src[i] && lf[8 + i] == src[10 + i] && lf[16 + i] == src[20 + i]);
+        assert_true(lf[90 + i] == src[90 + i]);
+    }
+    assert_true(lf[24] == src[8] && lf[25] == src[9] && lf[26] == src[18] && lf[29] == src[29]);
+    assert_true(lf[30] == src[30] && lf[38] == src[40]); /* the next group */
     assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), w0 + (int64_t)sizeof(src));
+    /* a weight already in row groups is refused, with what was expected */
+    struct pp_weight again;
+    assert_int_equal(be->ops->weight_load(be, &out, 0, &again), PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(pp_error_detail(), "expected a row-major weight"));
     be->ops->weight_free(be, &out);
     assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), w0);
-    /* resident weights, and every weight once the backend maps them, are used in place */
+    /* resident weights, and every weight once the backend maps them, are used in place, rows as
+     * they are */
     assert_int_equal(be->ops->weight_load(be, &w, 1, &out), PP_OK);
     assert_ptr_equal(out.data, src);
+    assert_int_equal(out.layout, PP_WEIGHT_ROWS);
     pp_backend_cpu_map_weights(be, 1);
     assert_int_equal(be->ops->weight_load(be, &w, 0, &out), PP_OK);
     assert_ptr_equal(out.data, src);
+    assert_int_equal(out.layout, PP_WEIGHT_ROWS);
     assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), w0);
     pp_backend_cpu_map_weights(be, 0);
     /* no memory for the copy: an error that names the weight and the way out */
