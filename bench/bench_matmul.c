@@ -2,7 +2,7 @@
  * weights streamed.
  *
  *   pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] [--tokens 1,2,4,8,12] [--reps R]
- *                   [--row-div D] [--layers L] [--layout groups|rows] [--json PATH]
+ *                   [--row-div D] [--layers L] [--layout groups|rows|both] [--json PATH]
  *
  * The weights are the seven matrices of a tinyllama layer (wq, wk, wv, wo, gate, up, down; 88 MB
  * in f16), random, in the given dtype, in huge-page memory as the engine holds them, L distinct
@@ -18,8 +18,10 @@
  * (unless --layers says otherwise) one layer: with D = 64 (1.4 MB in f16) the weights come from
  * the caches, which shows what the loops cost without the memory. --layout: the weights as the
  * backend's weight_load stores them (groups, the default: rows in groups of 3, interleaved), or
- * row-major as in the model file (rows: how the backend computes with cpu_weights = "map"). Not
- * run by ctest. */
+ * row-major as in the model file (rows: how the backend computes with cpu_weights = "map"), or
+ * both, held side by side and timed in alternating passes (the order swapped every pass), with
+ * groups / rows printed: the host's bandwidth drifts by tens of percent between runs, so only
+ * passes in one run compare the layouts. Not run by ctest. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,9 +87,13 @@ static void *weight_new(enum pp_dtype dt, int64_t rows, int64_t cols, uint64_t *
     return w;
 }
 
+enum { ROWS, GROUPS };
+static const char *const layout_names[2] = {"rows", "groups"};
+
 struct result {
     char dtype[8];
     int tokens;
+    int layout;
     double median_s, best_s, cpu_s, bytes;
 };
 
@@ -137,18 +143,22 @@ int main(int argc, char **argv)
     n_tokens = parse_list(tok_list, tokens, 16);
     if (layers == 0)
         layers = row_div > 1 ? 1 : 8;
-    int grouped = strcmp(layout, "groups") == 0;
+    /* the layouts timed: have[ROWS], have[GROUPS] */
+    int have[2] = {strcmp(layout, "groups") != 0, strcmp(layout, "rows") != 0};
     if (threads < 1 || reps < 1 || n_tokens < 1 || row_div < 1 || row_div > 256 || layers < 1 ||
-        layers > MAX_LAYERS || (!grouped && strcmp(layout, "rows") != 0))
+        layers > MAX_LAYERS ||
+        (strcmp(layout, "groups") != 0 && strcmp(layout, "rows") != 0 &&
+         strcmp(layout, "both") != 0))
         goto usage;
+    int n_lay = have[ROWS] + have[GROUPS], lays[2] = {have[ROWS] ? ROWS : GROUPS, GROUPS};
 
     struct pp_backend *be;
     if (pp_backend_cpu_new(threads, &be) != PP_OK || be->ops->reserve(be, 8192, 16) != PP_OK)
         return 1;
     float *x = malloc(sizeof(float) * MAX_TOKENS * 5632);
     float *y = malloc(sizeof(float) * MAX_TOKENS * 5632);
-    double *times = malloc(sizeof(double) * (size_t)reps);
-    double *cpus = malloc(sizeof(double) * (size_t)reps);
+    double *times = malloc(sizeof(double) * 2 * (size_t)reps);
+    double *cpus = malloc(sizeof(double) * 2 * (size_t)reps);
     if (!x || !y || !times || !cpus)
         return 1;
     uint64_t seed = 5;
@@ -157,11 +167,11 @@ int main(int argc, char **argv)
 
     double load0 = pp_bench_loadavg();
     double bw0 = pp_bench_read_bandwidth(threads);
-    printf("pp_bench_matmul: %d threads, %d tinyllama layers' matrices (1/%d of the rows, %s), "
+    printf("pp_bench_matmul: %d threads, %d tinyllama layers' matrices (1/%d of the rows; layout %s), "
            "median of %d passes (load average %.2f, read bandwidth %.2f GB/s)\n", threads, layers,
-           row_div, grouped ? "in row groups" : "row-major", reps, load0, bw0 / 1e9);
-    printf("%-6s %6s %10s %10s %9s %9s %9s %9s\n", "dtype", "tokens", "MB/pass", "median ms",
-           "GB/s", "best GB/s", "cpu GB/s", "GFLOP/s");
+           row_div, layout, reps, load0, bw0 / 1e9);
+    printf("%-6s %6s %-6s %10s %10s %9s %9s %9s %9s\n", "dtype", "tokens", "layout", "MB/pass",
+           "median ms", "GB/s", "best GB/s", "cpu GB/s", "GFLOP/s");
     struct result res[64];
     int n_res = 0;
     char list[64];
@@ -172,7 +182,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "unknown dtype %s\n", d);
             return 2;
         }
-        static struct pp_weight w[MAX_LAYERS * N_MATS];
+        static struct pp_weight w[2][MAX_LAYERS * N_MATS]; /* [ROWS], [GROUPS] */
         int n_w = layers * N_MATS;
         double bytes = 0.0, flops_per_tok = 0.0;
         for (int i = 0; i < n_w; i++) {
@@ -183,50 +193,60 @@ int main(int argc, char **argv)
                 fprintf(stderr, "out of memory for %d layers of %s weights\n", layers, d);
                 return 1;
             }
-            w[i] = (struct pp_weight){data, (enum pp_dtype)dt, rows, mats[m].cols};
-            if (grouped) { /* the backend's copy, as a model's weights are loaded */
-                struct pp_weight lw;
-                if (be->ops->weight_load(be, &w[i], 0, &lw) != PP_OK) {
-                    fprintf(stderr, "%s\n", pp_error_detail());
-                    return 1;
-                }
+            w[ROWS][i] = (struct pp_weight){data, (enum pp_dtype)dt, rows, mats[m].cols};
+            /* the backend's copy, as a model's weights are loaded */
+            if (have[GROUPS] && be->ops->weight_load(be, &w[ROWS][i], 0, &w[GROUPS][i]) != PP_OK) {
+                fprintf(stderr, "%s\n", pp_error_detail());
+                return 1;
+            }
+            if (!have[ROWS])
                 pp_free_huge(PP_MEM_WEIGHTS, data,
                              (size_t)(rows * pp_dtype_row_bytes(dt, mats[m].cols)));
-                w[i] = lw;
-            }
             bytes += (double)rows * (double)pp_dtype_row_bytes(dt, mats[m].cols);
             flops_per_tok += 2.0 * (double)rows * (double)mats[m].cols;
         }
-        for (int ti = 0; ti < n_tokens && n_res < 64; ti++) {
+        for (int ti = 0; ti < n_tokens && n_res + n_lay <= 64; ti++) {
             int n = tokens[ti];
-            for (int r = -1; r < reps; r++) {
-                double c0 = cpu_now(), t0 = pp_bench_now();
-                for (int i = 0; i < n_w; i++)
-                    be->ops->matmul(be, y, x, &w[i], n);
-                if (r >= 0) {
-                    times[r] = pp_bench_now() - t0;
-                    cpus[r] = cpu_now() - c0;
+            for (int r = -1; r < reps; r++)
+                for (int li = 0; li < n_lay; li++) {
+                    int l = lays[(li + r + 1) % n_lay]; /* the first layout alternates */
+                    double c0 = cpu_now(), t0 = pp_bench_now();
+                    for (int i = 0; i < n_w; i++)
+                        be->ops->matmul(be, y, x, &w[l][i], n);
+                    if (r >= 0) {
+                        times[l * reps + r] = pp_bench_now() - t0;
+                        cpus[l * reps + r] = cpu_now() - c0;
+                    }
                 }
+            for (int li = 0; li < n_lay; li++) {
+                int l = lays[li];
+                double *tl = times + l * reps, *cl = cpus + l * reps;
+                qsort(tl, (size_t)reps, sizeof(double), pp_bench_cmp_double);
+                qsort(cl, (size_t)reps, sizeof(double), pp_bench_cmp_double);
+                struct result *o = &res[n_res++];
+                snprintf(o->dtype, sizeof(o->dtype), "%s", d);
+                o->tokens = n;
+                o->layout = l;
+                o->median_s = tl[reps / 2];
+                o->best_s = tl[0];
+                o->cpu_s = cl[reps / 2] / threads;
+                o->bytes = bytes;
+                printf("%-6s %6d %-6s %10.1f %10.3f %9.2f %9.2f %9.2f %9.1f\n", d, n,
+                       layout_names[l], bytes / 1e6, o->median_s * 1e3, bytes / o->median_s / 1e9,
+                       bytes / o->best_s / 1e9, bytes / o->cpu_s / 1e9,
+                       flops_per_tok * n / o->median_s / 1e9);
             }
-            qsort(times, (size_t)reps, sizeof(double), pp_bench_cmp_double);
-            qsort(cpus, (size_t)reps, sizeof(double), pp_bench_cmp_double);
-            struct result *o = &res[n_res++];
-            snprintf(o->dtype, sizeof(o->dtype), "%s", d);
-            o->tokens = n;
-            o->median_s = times[reps / 2];
-            o->best_s = times[0];
-            o->cpu_s = cpus[reps / 2] / threads;
-            o->bytes = bytes;
-            printf("%-6s %6d %10.1f %10.3f %9.2f %9.2f %9.2f %9.1f\n", d, n, bytes / 1e6,
-                   o->median_s * 1e3, bytes / o->median_s / 1e9, bytes / o->best_s / 1e9,
-                   bytes / o->cpu_s / 1e9, flops_per_tok * n / o->median_s / 1e9);
+            if (n_lay == 2)
+                printf("%-6s %6d groups / rows: %.3f (median passes' rates)\n", d, n,
+                       res[n_res - 2].median_s / res[n_res - 1].median_s);
         }
         for (int i = 0; i < n_w; i++) {
-            if (grouped)
-                be->ops->weight_free(be, &w[i]);
-            else
-                pp_free_huge(PP_MEM_WEIGHTS, (void *)w[i].data,
-                             (size_t)(w[i].rows * pp_dtype_row_bytes(w[i].dtype, w[i].cols)));
+            if (have[GROUPS])
+                be->ops->weight_free(be, &w[GROUPS][i]);
+            if (have[ROWS])
+                pp_free_huge(PP_MEM_WEIGHTS, (void *)w[ROWS][i].data,
+                             (size_t)(w[ROWS][i].rows *
+                                      pp_dtype_row_bytes(w[ROWS][i].dtype, w[ROWS][i].cols)));
         }
     }
     double load1 = pp_bench_loadavg();
@@ -234,8 +254,9 @@ int main(int argc, char **argv)
     printf("load average at the end %.2f, read bandwidth %.2f GB/s\n", load1, bw1 / 1e9);
     if (bw > 0.0)
         for (int i = 0; i < n_res; i++)
-            printf("%-6s %6d tokens: %5.1f%% of the read bandwidth (median pass), %5.1f%% (best)\n",
-                   res[i].dtype, res[i].tokens, 100.0 * res[i].bytes / res[i].median_s / bw,
+            printf("%-6s %6d tokens %-6s: %5.1f%% of the read bandwidth (median pass), %5.1f%% "
+                   "(best)\n", res[i].dtype, res[i].tokens, layout_names[res[i].layout],
+                   100.0 * res[i].bytes / res[i].median_s / bw,
                    100.0 * res[i].bytes / res[i].best_s / bw);
     be->ops->free(be);
 
@@ -250,7 +271,7 @@ int main(int argc, char **argv)
         pp_json_key(&j, "layers");
         pp_json_int(&j, layers);
         pp_json_key(&j, "layout");
-        pp_json_cstring(&j, grouped ? "groups" : "rows");
+        pp_json_cstring(&j, layout);
         pp_json_key(&j, "read_bytes_per_s");
         pp_json_begin_array(&j);
         pp_json_double(&j, bw0);
@@ -271,6 +292,8 @@ int main(int argc, char **argv)
             pp_json_cstring(&j, res[i].dtype);
             pp_json_key(&j, "tokens");
             pp_json_int(&j, res[i].tokens);
+            pp_json_key(&j, "layout");
+            pp_json_cstring(&j, layout_names[res[i].layout]);
             pp_json_key(&j, "weight_bytes");
             pp_json_double(&j, res[i].bytes);
             pp_json_key(&j, "median_s");
@@ -303,6 +326,6 @@ int main(int argc, char **argv)
 usage:
     fprintf(stderr, "usage: pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] "
                     "[--tokens 1,2,4,8,12] [--reps R] [--row-div D] [--layers L] "
-                    "[--layout groups|rows] [--json PATH]\n");
+                    "[--layout groups|rows|both] [--json PATH]\n");
     return 2;
 }
