@@ -45,11 +45,15 @@
 #ifndef PP_MM_DIRECT_PF_GROUPS
 #define PP_MM_DIRECT_PF_GROUPS 1
 #endif
-/* Weights in row groups are one stream per thread: prefetch this many bytes ahead in it
- * (pp_bench_matmul --layout both, 1 thread, f16: 2048 kept one token level with row-major rows and
- * made 4 tokens 6-10% faster; 4096 and more cost one token 8-15%, 512 cost both). */
-#ifndef PP_MM_GROUPED_PF_BYTES
-#define PP_MM_GROUPED_PF_BYTES 2048
+/* Weights in row groups are one stream per thread: prefetch this many bytes ahead in it, for one
+ * or two tokens and for more (pp_bench_matmul --layout both, 1 thread, f16: at one token 2048
+ * kept level with row-major rows where 4096 lost 8-11% and 8192 13%; at 4 tokens 4096 gained
+ * 10-11% over row-major, 2048 4-10%; 512 lost at both). */
+#ifndef PP_MM_GROUPED_PF_FEW
+#define PP_MM_GROUPED_PF_FEW 2048
+#endif
+#ifndef PP_MM_GROUPED_PF_MORE
+#define PP_MM_GROUPED_PF_MORE 4096
 #endif
 #ifndef PP_MM_PF_HINT
 #define PP_MM_PF_HINT _MM_HINT_T0
@@ -373,7 +377,7 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         r + mr < rs1 ? m.w + mr * a->row_bytes + k0 / ue * full_us
                                      : (const char *)a->w + rs * a->row_bytes +
                                            (k0 + kl) / ue * full_us;
-                    pf = PP_MM_GROUPED_PF_BYTES;
+                    pf = n <= 2 ? PP_MM_GROUPED_PF_FEW : PP_MM_GROUPED_PF_MORE;
                     m.pf_end = m.w + (k0 + kl) / ue * m.ustride;
                     m.pf_wrap = r + mr < rs1 || k0 + kl < cols ? next - m.pf_end : 0;
                 }
