@@ -55,6 +55,12 @@
 #ifndef PP_MM_GROUPED_PF_MORE
 #define PP_MM_GROUPED_PF_MORE 4096
 #endif
+/* Rows of a one-token tile over f32/f16/bf16 weights in row groups: 3 (one group, one stream) or
+ * 6 (two; pp_bench_matmul --layout both, f16, one token, three rounds: 1.03-1.13 times row-major
+ * rows on 1 thread against 1.00-1.01 with 3; Q8_0 did better with 3 and keeps it). */
+#ifndef PP_MM_GROUPED_ONE_ROWS
+#define PP_MM_GROUPED_ONE_ROWS 6
+#endif
 #ifndef PP_MM_PF_HINT
 #define PP_MM_PF_HINT _MM_HINT_T0
 #endif
@@ -122,7 +128,8 @@ static __m256 ld_w_tail(const char *p, enum pp_dtype dt, int64_t rem)
 /* Where one direct tile's operands are, for one block [k0, k0 + kl) of the reduction. */
 struct dtile {
     const char *w;      /* the first byte of the tile's rows (a row group when grouped) */
-    int64_t row_off;    /* their units as struct pp_row_group says */
+    int64_t grp_off;    /* bytes from one group of 3 of the tile's rows to the next */
+    int64_t row_off;    /* the units of a group's rows as struct pp_row_group says */
     int64_t ustride;
     int64_t tail_off;
     int64_t pf_row;     /* bytes between the lines one pass prefetches for its rows */
@@ -145,16 +152,16 @@ struct dtile {
 /* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
 AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
 {
-    const char *rowp[4];
+    const char *rowp[6];
     const float *xp[4];
-    __m256 acc[4][4];
-    _Pragma("GCC unroll 4")
+    __m256 acc[6][4];
+    _Pragma("GCC unroll 6")
     for (int i = 0; i < MR; i++)
-        rowp[i] = m->w + i * m->row_off;
+        rowp[i] = m->w + i / 3 * m->grp_off + i % 3 * m->row_off;
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NT; j++)
         xp[j] = m->x + j * m->ldx;
-    _Pragma("GCC unroll 4")
+    _Pragma("GCC unroll 6")
     for (int i = 0; i < MR; i++)
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++)
@@ -164,9 +171,9 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
     if (dt == PP_DTYPE_Q8_0) {
         /* one scale per row per 32-element block, four steps under it */
         for (int64_t k = k0; k < kend; k += PP_Q8_0_BLOCK) {
-            __m256 d[4];
-            const uint8_t *blk[4];
-            _Pragma("GCC unroll 4")
+            __m256 d[6];
+            const uint8_t *blk[6];
+            _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++) {
                 blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * m->ustride;
                 if (m->pf) {
@@ -178,14 +185,14 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             }
             _Pragma("GCC unroll 4")
             for (int s = 0; s < PP_Q8_0_BLOCK; s += 8) {
-                __m256 wv[4];
-                _Pragma("GCC unroll 4")
+                __m256 wv[6];
+                _Pragma("GCC unroll 6")
                 for (int i = 0; i < MR; i++)
                     wv[i] = ld_q8(blk[i] + 2 + s, d[i]);
                 _Pragma("GCC unroll 4")
                 for (int j = 0; j < NT; j++) {
                     __m256 xv = _mm256_loadu_ps(xp[j] + k + s);
-                    _Pragma("GCC unroll 4")
+                    _Pragma("GCC unroll 6")
                     for (int i = 0; i < MR; i++)
                         acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
                 }
@@ -200,64 +207,66 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
                 const char *pl = m->w + k / 8 * us + m->pf;
                 if (m->pf_end && pl >= m->pf_end)
                     pl += m->pf_wrap;
-                _Pragma("GCC unroll 4")
+                _Pragma("GCC unroll 6")
                 for (int i = 0; i < MR; i++) {
-                    _mm_prefetch(pl + i * m->pf_row, PP_MM_PF_HINT);
+                    const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
+                    _mm_prefetch(pi, PP_MM_PF_HINT);
                     if (dt == PP_DTYPE_F32)
-                        _mm_prefetch(pl + i * m->pf_row + 64, PP_MM_PF_HINT);
+                        _mm_prefetch(pi + 64, PP_MM_PF_HINT);
                 }
             }
             _Pragma("GCC unroll 4")
             for (int s = 0; s < 32; s += 8) {
-                __m256 wv[4];
-                _Pragma("GCC unroll 4")
+                __m256 wv[6];
+                _Pragma("GCC unroll 6")
                 for (int i = 0; i < MR; i++)
                     wv[i] = ld_w(rowp[i], dt, k + s, us);
                 _Pragma("GCC unroll 4")
                 for (int j = 0; j < NT; j++) {
                     __m256 xv = _mm256_loadu_ps(xp[j] + k + s);
-                    _Pragma("GCC unroll 4")
+                    _Pragma("GCC unroll 6")
                     for (int i = 0; i < MR; i++)
                         acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
                 }
             }
         }
         for (; k < kend; k += 8) {
-            __m256 wv[4];
-            _Pragma("GCC unroll 4")
+            __m256 wv[6];
+            _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++)
                 wv[i] = ld_w(rowp[i], dt, k, us);
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++) {
                 __m256 xv = _mm256_loadu_ps(xp[j] + k);
-                _Pragma("GCC unroll 4")
+                _Pragma("GCC unroll 6")
                 for (int i = 0; i < MR; i++)
                     acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
             }
         }
         if (m->rem) {
             __m256i mk = tail_mask(m->rem);
-            __m256 wv[4];
-            _Pragma("GCC unroll 4")
+            __m256 wv[6];
+            _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++)
-                wv[i] = ld_w_tail(m->w + kend / 8 * us + i * m->tail_off, dt, m->rem);
+                wv[i] = ld_w_tail(m->w + kend / 8 * us + i / 3 * m->grp_off + i % 3 * m->tail_off,
+                                  dt, m->rem);
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++) {
                 __m256 xv = _mm256_maskload_ps(xp[j] + kend, mk);
-                _Pragma("GCC unroll 4")
+                _Pragma("GCC unroll 6")
                 for (int i = 0; i < MR; i++)
                     acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
             }
         }
     }
     if (m->last) {
-        _Pragma("GCC unroll 4")
+        _Pragma("GCC unroll 6")
         for (int i = 0; i < MR; i++)
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++)
                 m->y[j * m->ldy + i] = merge8(acc[i][j]);
     } else {
-        _Pragma("GCC unroll 4")
+        _Pragma("GCC unroll 6")
         for (int i = 0; i < MR; i++)
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++)
@@ -267,8 +276,8 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
 
 typedef void (*dtile_fn)(const struct dtile *m);
 
-/* One function per dtype × MR × NT (MR·NT <= 12: the accumulators, MR weights and one activation
- * fit the 16 ymm registers). */
+/* One function per dtype × MR × NT (MR·NT <= 12 and MR·NT + MR + 1 <= 16 or nearly: the
+ * accumulators, MR weights and one activation fit the 16 ymm registers). */
 #define DTILE(name, dt, mr, nt)                                                                    \
     __attribute__((noinline)) static void dtile_##name##_##mr##x##nt(const struct dtile *m)       \
     {                                                                                              \
@@ -278,7 +287,7 @@ typedef void (*dtile_fn)(const struct dtile *m);
     DTILE(name, dt, mr, 1) DTILE(name, dt, mr, 2) DTILE(name, dt, mr, 3) DTILE(name, dt, mr, 4)
 #define DTILE_DT(name, dt)                                                                         \
     DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) DTILE(name, dt, 4, 1)       \
-    DTILE(name, dt, 4, 2) DTILE(name, dt, 4, 3)
+    DTILE(name, dt, 4, 2) DTILE(name, dt, 4, 3) DTILE(name, dt, 6, 1)
 DTILE_DT(f32, PP_DTYPE_F32)
 DTILE_DT(f16, PP_DTYPE_F16)
 DTILE_DT(bf16, PP_DTYPE_BF16)
@@ -288,10 +297,11 @@ DTILE_DT(q8_0, PP_DTYPE_Q8_0)
      dtile_##name##_##mr##x4}
 #define DTILE_TABLE(name)                                                                          \
     {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
-     {NULL, dtile_##name##_4x1, dtile_##name##_4x2, dtile_##name##_4x3, NULL}}
+     {NULL, dtile_##name##_4x1, dtile_##name##_4x2, dtile_##name##_4x3, NULL},                    \
+     {NULL, NULL, NULL, NULL, NULL}, {NULL, dtile_##name##_6x1, NULL, NULL, NULL}}
 
 /* [dtype][MR][NT] */
-static const dtile_fn dtiles[4][5][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16),
+static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16),
                                          DTILE_TABLE(q8_0)};
 
 /* Stored bytes of kb elements of a row (kb a multiple of PP_MM_DIRECT_KB_ALIGN). */
@@ -327,8 +337,12 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     int64_t n = a->n, cols = a->cols;
     if (n <= 0)
         return;
-    /* row group and token tiles: MR = 3 with tiles of 4 when that takes fewer loads */
+    /* row group and token tiles: MR = 3 with tiles of 4 when that takes fewer loads; weights in
+     * row groups take one token two groups at a time (two streams), but for Q8_0, whose
+     * conversion is the bound */
     int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
+    if (a->grouped && n == 1 && a->dtype != PP_DTYPE_Q8_0)
+        mr = PP_MM_GROUPED_ONE_ROWS;
     int ntmax = mr == 4 ? 3 : 4;
     int64_t n_tiles = (n + ntmax - 1) / ntmax;
     int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
@@ -352,16 +366,20 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             m.rem = kl - m.full;
             m.first = k0 == 0;
             m.last = k0 + kl == cols;
-            for (int64_t r = rs; r < rs1; r += mr) {
-                int rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
-                struct pp_row_group q = pp__row_group(a->dtype, cols, a->grouped, rows);
+            for (int64_t r = rs, rows; r < rs1; r += rows) {
+                rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
+                if (a->grouped && rows > PP_ROW_GROUP && rows < mr)
+                    rows = PP_ROW_GROUP; /* a tile's groups are whole but maybe the last */
+                struct pp_row_group q = pp__row_group(
+                    a->dtype, cols, a->grouped, rows > PP_ROW_GROUP ? PP_ROW_GROUP : rows);
                 m.w = (const char *)a->w + r * a->row_bytes;
+                m.grp_off = PP_ROW_GROUP * a->row_bytes;
                 m.row_off = q.row_off;
                 m.ustride = q.unit_stride;
                 m.tail_off = q.tail_off;
                 /* the first token tile prefetches the next row group's lines of this block, or
                  * after the last group the first group's lines of the next block, if any */
-                int64_t pr = r + PP_MM_DIRECT_PF_GROUPS * mr, pf = (pr - r) * a->row_bytes;
+                int64_t pr = r + PP_MM_DIRECT_PF_GROUPS * rows, pf = (pr - r) * a->row_bytes;
                 if (pr >= rs1) /* nothing to prefetch after the last block: the thread's next
                                   * rows are not known here */
                     pf = k0 + kl < cols ? (pr - (rs1 - rs) - r) * a->row_bytes +
@@ -374,12 +392,12 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                      * next block) */
                     int64_t ue = pp__unit_elems(a->dtype), full_us = PP_ROW_GROUP * q.row_off;
                     const char *next =
-                        r + mr < rs1 ? m.w + mr * a->row_bytes + k0 / ue * full_us
+                        r + rows < rs1 ? m.w + rows * a->row_bytes + k0 / ue * full_us
                                      : (const char *)a->w + rs * a->row_bytes +
                                            (k0 + kl) / ue * full_us;
                     pf = n <= 2 ? PP_MM_GROUPED_PF_FEW : PP_MM_GROUPED_PF_MORE;
                     m.pf_end = m.w + (k0 + kl) / ue * m.ustride;
-                    m.pf_wrap = r + mr < rs1 || k0 + kl < cols ? next - m.pf_end : 0;
+                    m.pf_wrap = r + rows < rs1 || k0 + kl < cols ? next - m.pf_end : 0;
                 }
                 for (int64_t t = 0, ti = 0; t < n; ti++) {
                     /* tiles as even as possible: the first n % n_tiles get one more token */
@@ -487,7 +505,7 @@ struct tile {
 AI void micro(const struct tile *m, int NT)
 {
     __m256 acc[MR][NR];
-    _Pragma("GCC unroll 4")
+    _Pragma("GCC unroll 6")
     for (int i = 0; i < MR; i++)
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++)
@@ -506,7 +524,7 @@ AI void micro(const struct tile *m, int NT)
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++) {
             __m256 xv = _mm256_loadu_ps(xs[j] + k);
-            _Pragma("GCC unroll 4")
+            _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++)
                 acc[i][j] = _mm256_fmadd_ps(w[i], xv, acc[i][j]);
         }
@@ -516,7 +534,7 @@ AI void micro(const struct tile *m, int NT)
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++) {
             __m256 xv = _mm256_maskload_ps(xs[j] + m->full, mk);
-            _Pragma("GCC unroll 4")
+            _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++)
                 acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(pp + i * 8), xv, acc[i][j]);
         }
