@@ -5,11 +5,13 @@
  *
  * Matmul runs one of two loop nests over the same arithmetic:
  *  - up to PP_MM_DIRECT_MAX_TOKENS tokens (decode, small microbatches): weights are read straight
- *    from the mapped file and converted in registers (F16C, bf16 shift, int8 → f32 times the block
- *    scale); the reduction is cut into blocks of PP_MM_DIRECT_KB_FLOATS / n elements, and in each
- *    block every row group (4 rows × tiles of up to 3 tokens, or 3 rows × up to 4) covers all n
- *    tokens before the next group, with lane sums in scratch between blocks, so each weight byte
- *    comes from memory once per call and the block's activations stay in cache;
+ *    from where the backend keeps them (row groups, kernels/cpu/row_groups.h, or row-major rows)
+ *    and converted in registers (F16C, bf16 shift, int8 → f32 times the block scale); the
+ *    reduction is cut into blocks of PP_MM_DIRECT_KB_FLOATS / n elements, and in each block every
+ *    tile of rows (row-major: 4 rows × tiles of up to 3 tokens, or 3 rows × up to 4; row groups: 3
+ *    rows × up to 4, or 6 rows for one token) covers all n tokens before the next, with lane sums
+ *    in scratch between blocks, so each weight byte comes from memory once per call and the
+ *    block's activations stay in cache;
  *  - more tokens (prefill, large microbatches): a panel of PP_MM_MC_MAX rows × PP_MM_KC elements
  *    is converted once into f32 scratch, then a register-blocked micro-kernel (3 rows × 4 tokens
  *    of accumulators) sweeps every token over it; partial lane sums live in scratch between
