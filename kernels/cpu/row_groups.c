@@ -3,13 +3,13 @@
 
 #include <string.h>
 
-/* Byte offset, from the group's first byte, of unit u of the group's row i (g rows). */
-static int64_t unit_offset(enum pp_dtype dt, int64_t cols, int64_t g, int64_t i, int64_t u)
+/* Byte offset, from the group's first byte, of unit u of the group's row i (q: the group's
+ * geometry; whole: the units of a row before its short last one). */
+static int64_t unit_offset(const struct pp_row_group *q, int64_t whole, int64_t i, int64_t u)
 {
-    struct pp_row_group q = pp__row_group(dt, cols, 1, g);
-    if (u < cols / pp__unit_elems(dt))
-        return i * q.row_off + u * q.unit_stride;
-    return cols / pp__unit_elems(dt) * q.unit_stride + i * q.tail_off;
+    if (u < whole)
+        return i * q->row_off + u * q->unit_stride;
+    return whole * q->unit_stride + i * q->tail_off;
 }
 
 /* Rows in the group that holds row r of a matrix of rows rows. */
@@ -22,17 +22,17 @@ static int64_t group_rows(int64_t rows, int64_t r)
 void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t rows, int64_t cols)
 {
     int64_t row_bytes = pp_dtype_row_bytes(dt, cols), ue = pp__unit_elems(dt);
-    int64_t ub = pp__unit_bytes(dt), units = (cols + ue - 1) / ue;
-    int64_t tail = row_bytes - cols / ue * ub; /* stored bytes of the short last unit, if any */
+    int64_t ub = pp__unit_bytes(dt), whole = cols / ue, units = (cols + ue - 1) / ue;
+    int64_t tail = row_bytes - whole * ub; /* stored bytes of the short last unit, if any */
     for (int64_t g0 = 0; g0 < rows; g0 += PP_ROW_GROUP) {
         int64_t g = group_rows(rows, g0);
+        struct pp_row_group q = pp__row_group(dt, cols, 1, g);
         char *gd = (char *)dst + g0 * row_bytes;
         for (int64_t i = 0; i < g; i++) {
             const char *row = (const char *)src + (g0 + i) * row_bytes;
-            for (int64_t u = 0; u < units; u++) {
-                int64_t n = u < cols / ue ? ub : tail;
-                memcpy(gd + unit_offset(dt, cols, g, i, u), row + u * ub, (size_t)n);
-            }
+            for (int64_t u = 0; u < units; u++)
+                memcpy(gd + unit_offset(&q, whole, i, u), row + u * ub,
+                       (size_t)(u < whole ? ub : tail));
         }
     }
 }
@@ -40,11 +40,12 @@ void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t r
 void pp__row_groups_row_to_f32(float *dst, const void *w, enum pp_dtype dt, int64_t rows,
                                int64_t cols, int64_t r)
 {
-    int64_t row_bytes = pp_dtype_row_bytes(dt, cols), ue = pp__unit_elems(dt);
-    int64_t g0 = r / PP_ROW_GROUP * PP_ROW_GROUP, g = group_rows(rows, r);
+    int64_t row_bytes = pp_dtype_row_bytes(dt, cols), ue = pp__unit_elems(dt), whole = cols / ue;
+    int64_t g0 = r / PP_ROW_GROUP * PP_ROW_GROUP;
+    struct pp_row_group q = pp__row_group(dt, cols, 1, group_rows(rows, r));
     const char *gd = (const char *)w + g0 * row_bytes;
     for (int64_t k = 0; k < cols; k += ue) {
         int64_t n = cols - k < ue ? cols - k : ue;
-        pp_row_to_f32(dst + k, gd + unit_offset(dt, cols, g, r - g0, k / ue), dt, n);
+        pp_row_to_f32(dst + k, gd + unit_offset(&q, whole, r - g0, k / ue), dt, n);
     }
 }

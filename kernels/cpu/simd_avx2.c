@@ -131,9 +131,7 @@ static __m256 ld_w_tail(const char *p, enum pp_dtype dt, int64_t rem)
 struct dtile {
     const char *w;      /* the first byte of the tile's rows (a row group when grouped) */
     int64_t grp_off;    /* bytes from one group of 3 of the tile's rows to the next */
-    int64_t row_off;    /* the units of a group's rows as struct pp_row_group says */
-    int64_t ustride;
-    int64_t tail_off;
+    struct pp_row_group g; /* where a group's rows keep their units */
     int64_t pf_row;     /* bytes between the lines one pass prefetches for its rows */
     const float *x;     /* activations of token 0 of the tile; tokens ldx apart */
     int64_t ldx;
@@ -159,7 +157,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
     __m256 acc[6][4];
     _Pragma("GCC unroll 6")
     for (int i = 0; i < MR; i++)
-        rowp[i] = m->w + i / 3 * m->grp_off + i % 3 * m->row_off;
+        rowp[i] = m->w + i / 3 * m->grp_off + i % 3 * m->g.row_off;
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NT; j++)
         xp[j] = m->x + j * m->ldx;
@@ -177,7 +175,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             const uint8_t *blk[6];
             _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++) {
-                blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * m->ustride;
+                blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * m->g.unit_stride;
                 if (m->pf) {
                     const char *pb = (const char *)blk[i] + m->pf;
                     _mm_prefetch(m->pf_end && pb >= m->pf_end ? pb + m->pf_wrap : pb,
@@ -201,7 +199,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             }
         }
     } else {
-        int64_t k = k0, us = m->ustride;
+        int64_t k = k0, us = m->g.unit_stride;
         /* 32 elements (one or two cache lines of each row) per pass, prefetching the same lines
          * of the rows that come next */
         for (; k + 32 <= kend; k += 32) {
@@ -250,7 +248,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             __m256 wv[6];
             _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++)
-                wv[i] = ld_w_tail(m->w + kend / 8 * us + i / 3 * m->grp_off + i % 3 * m->tail_off,
+                wv[i] = ld_w_tail(m->w + kend / 8 * us + i / 3 * m->grp_off + i % 3 * m->g.tail_off,
                                   dt, m->rem);
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++) {
@@ -372,13 +370,10 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                 rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
                 if (a->grouped && rows > PP_ROW_GROUP && rows < mr)
                     rows = PP_ROW_GROUP; /* a tile's groups are whole but maybe the last */
-                struct pp_row_group q = pp__row_group(
-                    a->dtype, cols, a->grouped, rows > PP_ROW_GROUP ? PP_ROW_GROUP : rows);
+                m.g = pp__row_group(a->dtype, cols, a->grouped,
+                                    rows > PP_ROW_GROUP ? PP_ROW_GROUP : rows);
                 m.w = (const char *)a->w + r * a->row_bytes;
                 m.grp_off = PP_ROW_GROUP * a->row_bytes;
-                m.row_off = q.row_off;
-                m.ustride = q.unit_stride;
-                m.tail_off = q.tail_off;
                 /* the first token tile prefetches the next row group's lines of this block, or
                  * after the last group the first group's lines of the next block, if any */
                 int64_t pr = r + PP_MM_DIRECT_PF_GROUPS * rows, pf = (pr - r) * a->row_bytes;
@@ -392,13 +387,13 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     /* one stream: a fixed distance ahead, past this group's piece of the block
                      * into the piece read next (the next group's, or the first group's of the
                      * next block) */
-                    int64_t ue = pp__unit_elems(a->dtype), full_us = PP_ROW_GROUP * q.row_off;
+                    int64_t ue = pp__unit_elems(a->dtype), full_us = PP_ROW_GROUP * m.g.row_off;
                     const char *next =
                         r + rows < rs1 ? m.w + rows * a->row_bytes + k0 / ue * full_us
                                      : (const char *)a->w + rs * a->row_bytes +
                                            (k0 + kl) / ue * full_us;
                     pf = n <= 2 ? PP_MM_GROUPED_PF_FEW : PP_MM_GROUPED_PF_MORE;
-                    m.pf_end = m.w + (k0 + kl) / ue * m.ustride;
+                    m.pf_end = m.w + (k0 + kl) / ue * m.g.unit_stride;
                     m.pf_wrap = r + rows < rs1 || k0 + kl < cols ? next - m.pf_end : 0;
                 }
                 for (int64_t t = 0, ti = 0; t < n; ti++) {
