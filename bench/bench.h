@@ -30,9 +30,12 @@ void pp_bench_bw_free(struct pp_bench_bw *b);
  * (streams 1 or 4): bytes read per second. */
 double pp_bench_bw_pass(struct pp_bench_bw *b, int n_threads, int streams);
 
-/* Best of several runs of n_threads threads each issuing 12 independent chains of 8-wide FMAs:
- * FP32 FLOP per second (an FMA counts 2). 0 when the CPU has no FMA. */
+/* Best of several runs of n_threads threads each issuing 12 independent chains of FMAs of the
+ * widest vectors the CPU has (pp_bench_fma_isa: 16 floats with AVX-512, else 8 with AVX2): FP32
+ * FLOP per second (an FMA counts 2). 0 when the CPU has no FMA. */
 double pp_bench_fma_peak(int n_threads);
+/* "avx512", "avx2" or "none": the vectors pp_bench_fma_peak measures. */
+const char *pp_bench_fma_isa(void);
 
 /* One matmul shape of the comparison: [rows, cols] weights times n tokens. */
 struct pp_bench_shape {

@@ -3,9 +3,9 @@
  *   pp_bench [--threads N] [--models DIR] [--dtypes f16,bf16,q8_0] [--prompt N] [--decode N]
  *            [--decode-batch B] [--json PATH]
  *
- * Measures, in one run: the machine's read bandwidth and FP32 FMA peak with N threads (before and
- * after the models; the better of the two is the bound); then per
- * weight dtype (models DIR/<dtype>/model.gguf, written by the synth API when missing) the prefill
+ * Measures, in one run: the machine's read bandwidth and FP32 FMA peak with N threads (with the
+ * widest vectors the CPU has, AVX-512 where present; before and after the models; the better of
+ * the two is the bound); then per weight dtype (models DIR/<dtype>/model.gguf, written by the synth API when missing) the prefill
  * rate of one prompt and the greedy decode rate after it, the bytes a decode step reads, decode
  * as a fraction of the bandwidth bound and prefill as a fraction of the FMA peak; and our f32
  * matmul against OpenBLAS cblas_sgemm on the model's shapes, one token and a prompt's worth.
@@ -32,6 +32,7 @@
 #include "bench/bench.h"
 #include "common/alloc.h"
 #include "common/json_write.h"
+#include "kernels/cpu/simd.h"
 #include "model/executor.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -443,8 +444,9 @@ int main(int argc, char **argv)
     double load0 = pp_bench_loadavg();
     double bw = pp_bench_read_bandwidth(o.threads);
     double peak = pp_bench_fma_peak(o.threads);
-    printf("machine: read bandwidth %.2f GB/s, FP32 FMA peak %.1f GFLOP/s (load average %.2f)\n",
-           bw / 1e9, peak / 1e9, load0);
+    printf("machine: read bandwidth %.2f GB/s, FP32 FMA peak %.1f GFLOP/s (%s; load average "
+           "%.2f)\nkernels: %s\n",
+           bw / 1e9, peak / 1e9, pp_bench_fma_isa(), load0, pp_simd_get()->name);
 
     struct dtype_result res[8];
     int n_res = 0;
@@ -573,6 +575,10 @@ int main(int argc, char **argv)
         pp_json_double(&j, bw_best);
         pp_json_key(&j, "fma_peak_flops");
         pp_json_double(&j, peak_best);
+        pp_json_key(&j, "fma_peak_isa");
+        pp_json_cstring(&j, pp_bench_fma_isa());
+        pp_json_key(&j, "kernels");
+        pp_json_cstring(&j, pp_simd_get()->name);
         pp_json_key(&j, "read_bandwidth_bytes_s_measurements");
         pp_json_begin_array(&j);
         pp_json_double(&j, bw);

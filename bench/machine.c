@@ -186,48 +186,71 @@ struct fma_arg {
 };
 
 #ifdef HAVE_X86
-/* 12 independent chains: more than the FMA latency × pipes needs (10 fall short on Zen 3). */
+/* 12 independent chains of vector type T (FMA f): more than the FMA latency × pipes needs (10 fall
+ * short on Zen 3). Distinct starting values: chains that start equal are the same chain, and the
+ * compiler keeps one of them (it did: the loop ran one FMA per iteration, latency-bound, and the
+ * peak came out 1.5× too high). */
+#define FMA_CHAINS(T, set1, fmadd, add)                                                            \
+    T m = set1(0.999999f), c = set1(1e-7f);                                                       \
+    T r0 = set1(1.00f), r1 = set1(1.01f), r2 = set1(1.02f), r3 = set1(1.03f), r4 = set1(1.04f),   \
+      r5 = set1(1.05f), r6 = set1(1.06f), r7 = set1(1.07f), r8 = set1(1.08f), r9 = set1(1.09f),   \
+      r10 = set1(1.10f), r11 = set1(1.11f);                                                       \
+    pthread_barrier_wait(a->bar);                                                                  \
+    a->span.t0 = pp_bench_now();                                                                   \
+    for (long i = 0; i < FMA_ITERS; i++) {                                                         \
+        r0 = fmadd(r0, m, c);                                                                      \
+        r1 = fmadd(r1, m, c);                                                                      \
+        r2 = fmadd(r2, m, c);                                                                      \
+        r3 = fmadd(r3, m, c);                                                                      \
+        r4 = fmadd(r4, m, c);                                                                      \
+        r5 = fmadd(r5, m, c);                                                                      \
+        r6 = fmadd(r6, m, c);                                                                      \
+        r7 = fmadd(r7, m, c);                                                                      \
+        r8 = fmadd(r8, m, c);                                                                      \
+        r9 = fmadd(r9, m, c);                                                                      \
+        r10 = fmadd(r10, m, c);                                                                    \
+        r11 = fmadd(r11, m, c);                                                                    \
+    }                                                                                              \
+    a->span.t1 = pp_bench_now();                                                                   \
+    T s = add(add(add(r0, r1), add(r2, r3)), add(add(r4, r5), add(r6, r7)));                      \
+    s = add(s, add(add(r8, r9), add(r10, r11)))
+
 __attribute__((target("avx2,fma"))) static void *fma_thread(void *arg)
 {
     struct fma_arg *a = arg;
-    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    /* distinct starting values: chains that start equal are the same chain, and the compiler
-     * keeps one of them (it did: the loop ran one FMA per iteration, latency-bound, and the peak
-     * came out 1.5× too high) */
-    __m256 r0 = _mm256_set1_ps(1.00f), r1 = _mm256_set1_ps(1.01f), r2 = _mm256_set1_ps(1.02f),
-           r3 = _mm256_set1_ps(1.03f), r4 = _mm256_set1_ps(1.04f), r5 = _mm256_set1_ps(1.05f),
-           r6 = _mm256_set1_ps(1.06f), r7 = _mm256_set1_ps(1.07f), r8 = _mm256_set1_ps(1.08f),
-           r9 = _mm256_set1_ps(1.09f), r10 = _mm256_set1_ps(1.10f), r11 = _mm256_set1_ps(1.11f);
-    pthread_barrier_wait(a->bar);
-    a->span.t0 = pp_bench_now();
-    for (long i = 0; i < FMA_ITERS; i++) {
-        r0 = _mm256_fmadd_ps(r0, m, c);
-        r1 = _mm256_fmadd_ps(r1, m, c);
-        r2 = _mm256_fmadd_ps(r2, m, c);
-        r3 = _mm256_fmadd_ps(r3, m, c);
-        r4 = _mm256_fmadd_ps(r4, m, c);
-        r5 = _mm256_fmadd_ps(r5, m, c);
-        r6 = _mm256_fmadd_ps(r6, m, c);
-        r7 = _mm256_fmadd_ps(r7, m, c);
-        r8 = _mm256_fmadd_ps(r8, m, c);
-        r9 = _mm256_fmadd_ps(r9, m, c);
-        r10 = _mm256_fmadd_ps(r10, m, c);
-        r11 = _mm256_fmadd_ps(r11, m, c);
-    }
-    a->span.t1 = pp_bench_now();
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(r0, r1), _mm256_add_ps(r2, r3)),
-                             _mm256_add_ps(_mm256_add_ps(r4, r5), _mm256_add_ps(r6, r7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(r8, r9), _mm256_add_ps(r10, r11)));
+    FMA_CHAINS(__m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps);
     a->sink = _mm256_cvtss_f32(s);
+    return NULL;
+}
+
+__attribute__((target("avx512f"))) static void *fma512_thread(void *arg)
+{
+    struct fma_arg *a = arg;
+    FMA_CHAINS(__m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps);
+    a->sink = _mm512_cvtss_f32(s);
     return NULL;
 }
 #endif
 
+const char *pp_bench_fma_isa(void)
+{
+#ifdef HAVE_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        return "avx512";
+    if (__builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2"))
+        return "avx2";
+#endif
+    return "none";
+}
+
 double pp_bench_fma_peak(int n_threads)
 {
 #ifdef HAVE_X86
-    if (!__builtin_cpu_supports("fma") || !__builtin_cpu_supports("avx2"))
+    const char *isa = pp_bench_fma_isa();
+    if (strcmp(isa, "none") == 0)
         return 0.0;
+    int wide = strcmp(isa, "avx512") == 0;
     if (n_threads > 64)
         n_threads = 64;
     double best = 0.0;
@@ -237,9 +260,9 @@ double pp_bench_fma_peak(int n_threads)
         struct fma_arg args[64];
         for (int i = 0; i < n_threads; i++)
             args[i] = (struct fma_arg){&bar, 0, {0, 0}};
-        run_threads(n_threads, fma_thread, args, sizeof(args[0]));
+        run_threads(n_threads, wide ? fma512_thread : fma_thread, args, sizeof(args[0]));
         pthread_barrier_destroy(&bar);
-        double flops = (double)FMA_ITERS * 12 * 8 * 2 * n_threads /
+        double flops = (double)FMA_ITERS * 12 * (wide ? 16 : 8) * 2 * n_threads /
                        wall_seconds(&args[0].span, sizeof(args[0]), n_threads);
         if (flops > best)
             best = flops;

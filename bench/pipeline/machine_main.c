@@ -41,7 +41,8 @@ int main(int argc, char **argv)
         return 1;
     }
     double peak = fma ? pp_bench_fma_peak(threads) : 0.0;
-    printf("{\"threads\": %d, \"read_bytes_per_s\": %.6e, \"fma_flops_per_s\": %.6e}\n", threads,
-           bw, peak);
+    printf("{\"threads\": %d, \"read_bytes_per_s\": %.6e, \"fma_flops_per_s\": %.6e, "
+           "\"fma_isa\": \"%s\"}\n",
+           threads, bw, peak, pp_bench_fma_isa());
     return 0;
 }

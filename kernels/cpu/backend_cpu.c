@@ -29,7 +29,7 @@ static pp_status cpu_reserve(struct pp_backend *be, int64_t max_cols, int64_t ma
         pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_SCORES, pp__cpu_attn_scratch(max_cols)) != 0 ||
         pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_PARTS,
                                 pp__cpu_attn_parts(max_cols, max_context)) != 0 ||
-        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_PANEL, PP_MM_MC_MAX * PP_MM_KC) != 0 ||
+        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_PANEL, PP_MM_PANEL_ROWS * PP_MM_KC) != 0 ||
         pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_ACC, PP_MM_ACC_CAP) != 0)
         return pp_error(PP_ERR_NOMEM, "cpu backend: no memory for scratch (%lld cols, %lld positions)",
                         (long long)max_cols, (long long)max_context);

@@ -88,16 +88,43 @@ static int has_f16c(void)
 }
 #endif
 
-const struct pp_simd *pp_simd_get(void)
+/* Tables from the widest down, each with what this CPU must have for it. */
+static const struct pp_simd *table_if_supported(int level)
 {
-    const char *force = getenv("PP_SIMD");
-    if (force && strcmp(force, "portable") == 0)
-        return &portable;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c() &&
-        pp__simd_avx2())
-        return pp__simd_avx2();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+    if (level == 2)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
+                   ? pp__simd_avx512()
+                   : NULL;
+    if (level == 1)
+        return avx2 ? pp__simd_avx2() : NULL;
 #endif
+    return level == 0 ? &portable : NULL;
+}
+
+const struct pp_simd *pp_simd_named(const char *name)
+{
+    static const char *const names[] = {"portable", "avx2", "avx512"};
+    for (int level = 0; level < 3; level++)
+        if (strcmp(name, names[level]) == 0)
+            return table_if_supported(level);
+    return NULL;
+}
+
+const struct pp_simd *pp_simd_get(void)
+{
+    static const char *const names[] = {"portable", "avx2", "avx512"};
+    const char *force = getenv("PP_SIMD");
+    int top = 2;
+    for (int level = 0; force && level < 3; level++)
+        if (strcmp(force, names[level]) == 0)
+            top = level;
+    for (int level = top; level > 0; level--) {
+        const struct pp_simd *t = table_if_supported(level);
+        if (t)
+            return t;
+    }
     return &portable;
 }

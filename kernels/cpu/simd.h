@@ -1,6 +1,6 @@
-/* The CPU backend's inner loops, in two implementations chosen once at run time from the CPU's
- * features: AVX2 + FMA + F16C (kernels/cpu/simd_avx2.c) and portable C (kernels/cpu/simd.c). Both
- * follow the one canonical reduction order of pp__dot (kernels/cpu/cpu-impl.h): eight lanes of
+/* The CPU backend's inner loops, in three implementations chosen once at run time from the CPU's
+ * features: AVX-512 (kernels/cpu/simd_avx512.c), AVX2 + FMA + F16C (kernels/cpu/simd_avx2.c) and
+ * portable C (kernels/cpu/simd.c). All follow the one canonical reduction order of pp__dot (kernels/cpu/cpu-impl.h): eight lanes of
  * fused multiply-adds in increasing index, then a fixed merge. Weight conversions are exact. So an
  * output element's bits never depend on which path a machine takes, how many tokens share the
  * call, or which rows a thread was given. */
@@ -21,8 +21,13 @@
 #define PP_MM_KC 512 /* reduction elements per chunk (a multiple of 32) */
 #endif
 #ifndef PP_MM_MC_MAX
-#define PP_MM_MC_MAX 9 /* weight rows per packed panel (with KC: 18 KiB of L1's 32) */
+#define PP_MM_MC_MAX 9 /* weight rows per packed AVX2 panel (with KC: 18 KiB of L1's 32) */
 #endif
+#ifndef PP_MM_MC_AVX512
+#define PP_MM_MC_AVX512 12 /* weight rows per packed AVX-512 panel (24 KiB of L1's 48) */
+#endif
+/* Rows the panel scratch holds: the larger of the two. */
+#define PP_MM_PANEL_ROWS (PP_MM_MC_MAX > PP_MM_MC_AVX512 ? PP_MM_MC_MAX : PP_MM_MC_AVX512)
 #ifndef PP_MM_ACC_CAP
 #define PP_MM_ACC_CAP 49152 /* floats of per-thread partial sums: rows × tokens × 8 */
 #endif
@@ -68,7 +73,7 @@ struct pp_mm_args {
 /* Per-thread scratch of one matmul call. */
 struct pp_mm_scratch {
     float *row;   /* [cols] one weight row in f32 (portable path) */
-    float *panel; /* [PP_MM_MC_MAX * PP_MM_KC] packed f32 weight panel */
+    float *panel; /* [PP_MM_PANEL_ROWS * PP_MM_KC] packed f32 weight panel */
     float *acc;   /* [PP_MM_ACC_CAP] eight-lane partial sums */
 };
 
@@ -93,7 +98,7 @@ typedef void (*pp_swiglu_fn)(float *out, const float *gate, const float *up, int
 typedef void (*pp_convert_fn)(float *dst, const void *src, int64_t n);
 
 struct pp_simd {
-    const char *name; /* "avx2" or "portable" */
+    const char *name; /* "avx512", "avx2" or "portable" */
     pp_mm_rows_fn matmul_rows;
     pp_dot_fn dot;
     pp_dots_fn dots;
@@ -104,13 +109,18 @@ struct pp_simd {
     pp_convert_fn bf16_to_f32;
 };
 
-/* The best implementation for this CPU (PP_SIMD=portable in the environment forces the portable
- * one, which tests use to prove both agree). Thread-safe; the table is immutable. */
+/* The best implementation for this CPU. PP_SIMD in the environment caps it: "portable", "avx2" or
+ * "avx512" (tests and benchmarks use it to run the paths side by side; a path the CPU lacks gives
+ * the best one below it). Thread-safe; the tables are immutable once returned. */
 const struct pp_simd *pp_simd_get(void);
 const struct pp_simd *pp_simd_portable(void);
+/* The table named "portable", "avx2" or "avx512", or NULL when the name is unknown or this CPU or
+ * build cannot run it. */
+const struct pp_simd *pp_simd_named(const char *name);
 
-/* The AVX2/FMA/F16C table, or NULL when this build has none (not x86-64 GCC/Clang). Callers must
- * check the CPU's features first; pp_simd_get does. */
+/* The AVX2/FMA/F16C table, and the AVX-512 one (AVX-512F and DQ besides), or NULL when this build
+ * has none (not x86-64 GCC/Clang). Callers must check the CPU's features first; pp_simd_get does. */
 const struct pp_simd *pp__simd_avx2(void);
+const struct pp_simd *pp__simd_avx512(void);
 
 #endif

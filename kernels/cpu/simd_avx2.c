@@ -34,6 +34,7 @@
 
 #include "kernels/cpu/cpu-impl.h"
 #include "kernels/cpu/row_groups.h"
+#include "kernels/cpu/simd_x86.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -67,21 +68,6 @@
 #define PP_MM_PF_HINT _MM_HINT_T0
 #endif
 
-
-/* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), as pp__merge8. */
-AI float merge8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
-
-/* Lanes [0, rem) all ones: a masked load reads only those and zeroes the rest. */
-AI __m256i tail_mask(int64_t rem)
-{
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem), idx);
-}
 
 AI float q8_scale(const uint8_t *block)
 {
@@ -244,7 +230,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             }
         }
         if (m->rem) {
-            __m256i mk = tail_mask(m->rem);
+            __m256i mk = pp__tail_mask_avx(m->rem);
             __m256 wv[6];
             _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++)
@@ -264,7 +250,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
         for (int i = 0; i < MR; i++)
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++)
-                m->y[j * m->ldy + i] = merge8(acc[i][j]);
+                m->y[j * m->ldy + i] = pp__merge8_avx(acc[i][j]);
     } else {
         _Pragma("GCC unroll 6")
         for (int i = 0; i < MR; i++)
@@ -330,8 +316,8 @@ static int dtype_index(enum pp_dtype dt)
  * come from cache. Rows go in groups of 4 with token tiles of up to 3, or of 3 with tiles of up to
  * 4, whichever needs fewer loads per FMA for this n (counted for n <= 12); weights in row groups
  * always go in their groups of 3. */
-static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
-                   const struct pp_mm_scratch *s)
+void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                        const struct pp_mm_scratch *s)
 {
     const dtile_fn *tab = &dtiles[dtype_index(a->dtype)][0][0];
     int64_t n = a->n, cols = a->cols;
@@ -413,93 +399,85 @@ static void direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 
 /* --- many tokens: packed panels and the register-blocked micro-kernel ------------------------- */
 
-/* The micro-tile: MR rows × NR tokens of accumulators (12) + MR weight registers + one activation
- * register fill the 16 ymm registers; each step loads MR + NR vectors for MR·NR FMAs. */
+/* Converts rows [r, r+mc) × elements [k0, k0+kl) into f32 micro-panels of mr rows (a multiple of
+ * PP_ROW_GROUP, read one row group at a time): the eight weights of row i, step s of micro-panel
+ * p sit at panel[(p * steps + s) * mr * 8 + i * 8]. Rows past mc in the last micro-panel are
+ * zero. r is a multiple of PP_ROW_GROUP when the weights are in row groups. */
+AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t r, int64_t mc,
+             int64_t k0, int64_t kl, int mr)
+{
+    int64_t full = kl & ~(int64_t)7, steps = (kl + 7) / 8;
+    for (int64_t p = 0; p < mc; p += mr) {
+        for (int g = 0; g < mr; g += PP_ROW_GROUP) {
+            float *pp = panel + (p / mr) * steps * mr * 8 + g * 8;
+            int64_t left = mc - p - g;
+            int nr = left < PP_ROW_GROUP ? (left > 0 ? (int)left : 0) : PP_ROW_GROUP;
+            const char *gb = (const char *)a->w + (r + p + g) * a->row_bytes, *rw[PP_ROW_GROUP];
+            struct pp_row_group q = pp__row_group(dt, a->cols, a->grouped, nr ? nr : 1);
+            for (int i = 0; i < nr; i++)
+                rw[i] = gb + i * q.row_off;
+            /* the group's rows side by side, so that the panel is written in order (2-6% faster
+             * at 128 tokens than one row after another) */
+            int64_t s = 0;
+            if (nr == PP_ROW_GROUP) {
+                for (; s * 8 < full; s++)
+                    _Pragma("GCC unroll 3")
+                    for (int i = 0; i < PP_ROW_GROUP; i++)
+                        _mm256_storeu_ps(pp + s * mr * 8 + i * 8,
+                                         ld_w(rw[i], dt, k0 + s * 8, q.unit_stride));
+            } else {
+                for (; s * 8 < full; s++)
+                    for (int i = 0; i < PP_ROW_GROUP; i++)
+                        _mm256_storeu_ps(pp + s * mr * 8 + i * 8,
+                                         i < nr ? ld_w(rw[i], dt, k0 + s * 8, q.unit_stride)
+                                                : _mm256_setzero_ps());
+            }
+            if (full < kl)
+                for (int i = 0; i < PP_ROW_GROUP; i++)
+                    _mm256_storeu_ps(pp + s * mr * 8 + i * 8,
+                                     i < nr ? ld_w_tail(gb + (k0 + full) / 8 * q.unit_stride +
+                                                            i * q.tail_off,
+                                                        dt, kl - full)
+                                            : _mm256_setzero_ps());
+        }
+    }
+}
+
+typedef void (*pack_fn)(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                        int64_t kl, int mr);
+
+static void pack_f32(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                     int64_t kl, int mr)
+{
+    pack(p, a, PP_DTYPE_F32, r, mc, k0, kl, mr);
+}
+
+static void pack_f16(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                     int64_t kl, int mr)
+{
+    pack(p, a, PP_DTYPE_F16, r, mc, k0, kl, mr);
+}
+
+static void pack_bf16(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                      int64_t kl, int mr)
+{
+    pack(p, a, PP_DTYPE_BF16, r, mc, k0, kl, mr);
+}
+
+static void pack_q8_0(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                      int64_t kl, int mr)
+{
+    pack(p, a, PP_DTYPE_Q8_0, r, mc, k0, kl, mr);
+}
+
+/* The AVX2 micro-tile: MR rows × NR tokens of accumulators (12) + MR weight registers + one
+ * activation register fill the 16 ymm registers; each step loads MR + NR vectors for MR·NR FMAs. */
 #define MR 3
 #define NR 4
 _Static_assert(MR == PP_ROW_GROUP, "a micro-panel is one row group");
 
-/* Converts rows [r, r+mc) × elements [k0, k0+kl) into f32 micro-panels of MR rows: the eight
- * weights of row i, step s of micro-panel p sit at panel[(p * steps + s) * MR * 8 + i * 8]. Rows
- * past mc in the last micro-panel are zero. */
-AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t r, int64_t mc,
-             int64_t k0, int64_t kl)
-{
-    int64_t full = kl & ~(int64_t)7, steps = (kl + 7) / 8;
-    for (int64_t p = 0; p < mc; p += MR) {
-        float *pp = panel + (p / MR) * steps * MR * 8;
-        int nr = mc - p < MR ? (int)(mc - p) : MR;
-        const char *gb = (const char *)a->w + (r + p) * a->row_bytes, *rw[MR];
-        struct pp_row_group q = pp__row_group(dt, a->cols, a->grouped, nr);
-        for (int i = 0; i < nr; i++)
-            rw[i] = gb + i * q.row_off;
-        /* the rows side by side, so that the panel is written in order (2-6% faster at 128
-         * tokens than one row after another) */
-        int64_t s = 0;
-        if (nr == MR) {
-            for (; s * 8 < full; s++)
-                _Pragma("GCC unroll 3")
-                for (int i = 0; i < MR; i++)
-                    _mm256_storeu_ps(pp + s * MR * 8 + i * 8,
-                                     ld_w(rw[i], dt, k0 + s * 8, q.unit_stride));
-        } else {
-            for (; s * 8 < full; s++)
-                for (int i = 0; i < MR; i++)
-                    _mm256_storeu_ps(pp + s * MR * 8 + i * 8,
-                                     i < nr ? ld_w(rw[i], dt, k0 + s * 8, q.unit_stride)
-                                            : _mm256_setzero_ps());
-        }
-        if (full < kl)
-            for (int i = 0; i < MR; i++)
-                _mm256_storeu_ps(pp + s * MR * 8 + i * 8,
-                                 i < nr ? ld_w_tail(gb + (k0 + full) / 8 * q.unit_stride +
-                                                        i * q.tail_off,
-                                                    dt, kl - full)
-                                        : _mm256_setzero_ps());
-    }
-}
-
-static void pack_f32(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
-                     int64_t kl)
-{
-    pack(p, a, PP_DTYPE_F32, r, mc, k0, kl);
-}
-
-static void pack_f16(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
-                     int64_t kl)
-{
-    pack(p, a, PP_DTYPE_F16, r, mc, k0, kl);
-}
-
-static void pack_bf16(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
-                      int64_t kl)
-{
-    pack(p, a, PP_DTYPE_BF16, r, mc, k0, kl);
-}
-
-static void pack_q8_0(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
-                      int64_t kl)
-{
-    pack(p, a, PP_DTYPE_Q8_0, r, mc, k0, kl);
-}
-
-/* Where one micro-tile's operands and results are. */
-struct tile {
-    const float *pp;  /* micro-panel [steps][MR][8] */
-    const float *x;   /* first token's activations at the chunk start; tokens are ldx apart */
-    int64_t ldx;
-    int64_t full;     /* whole steps in the chunk, in elements */
-    int64_t rem;      /* elements of the zero-padded last step, 0 if none */
-    float *acc;       /* lane sums of (row i, token j) at acc + i * lda + j * 8 */
-    int64_t lda;
-    int first, last;  /* first chunk: start from zero; last: merge into y */
-    float *y;         /* y of (row 0, token 0); token j, row i at y + j * ldy + i */
-    int64_t ldy;
-    int rows;         /* valid rows of the MR */
-};
-
 /* MR rows × NT tokens over one chunk. */
-AI void micro(const struct tile *m, int NT)
+AI void micro(const struct pp_mm_tile *m, int NT)
 {
     __m256 acc[MR][NR];
     _Pragma("GCC unroll 6")
@@ -507,7 +485,7 @@ AI void micro(const struct tile *m, int NT)
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++)
             acc[i][j] = m->first ? _mm256_setzero_ps()
-                                 : _mm256_loadu_ps(m->acc + i * m->lda + j * 8);
+                                 : _mm256_loadu_ps(m->acc + j * m->lda + i * 8);
     const float *pp = m->pp;
     const float *xs[NR];
     _Pragma("GCC unroll 4")
@@ -527,7 +505,7 @@ AI void micro(const struct tile *m, int NT)
         }
     }
     if (m->rem) {
-        __m256i mk = tail_mask(m->rem);
+        __m256i mk = pp__tail_mask_avx(m->rem);
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++) {
             __m256 xv = _mm256_maskload_ps(xs[j] + m->full, mk);
@@ -543,91 +521,96 @@ AI void micro(const struct tile *m, int NT)
             if (i < m->rows)
                 _Pragma("GCC unroll 4")
                 for (int j = 0; j < NT; j++)
-                    m->y[j * m->ldy + i] = merge8(acc[i][j]);
+                    m->y[j * m->ldy + i] = pp__merge8_avx(acc[i][j]);
     } else {
         _Pragma("GCC unroll 4")
         for (int i = 0; i < MR; i++)
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++)
-                _mm256_storeu_ps(m->acc + i * m->lda + j * 8, acc[i][j]);
+                _mm256_storeu_ps(m->acc + j * m->lda + i * 8, acc[i][j]);
     }
 }
 
-__attribute__((noinline)) static void micro1(const struct tile *m)
+__attribute__((noinline)) static void micro1(const struct pp_mm_tile *m)
 {
     micro(m, 1);
 }
 
-__attribute__((noinline)) static void micro2(const struct tile *m)
+__attribute__((noinline)) static void micro2(const struct pp_mm_tile *m)
 {
     micro(m, 2);
 }
 
-__attribute__((noinline)) static void micro3(const struct tile *m)
+__attribute__((noinline)) static void micro3(const struct pp_mm_tile *m)
 {
     micro(m, 3);
 }
 
-__attribute__((noinline)) static void micro4(const struct tile *m)
+__attribute__((noinline)) static void micro4(const struct pp_mm_tile *m)
 {
     micro(m, 4);
 }
 
-typedef void (*pack_fn)(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
-                        int64_t kl);
+static const struct pp_mm_micro micro_avx2 = {
+    MR, NR, PP_MM_MC_MAX / MR * MR, {NULL, micro1, micro2, micro3, micro4}};
+_Static_assert(PP_MM_MC_MAX / MR * MR <= PP_MM_PANEL_ROWS, "the panel scratch holds a panel");
 
-static void packed(const struct pp_mm_args *a, int64_t r0, int64_t r1,
-                   const struct pp_mm_scratch *s, pack_fn packer)
+/* The lane sums of a (row, token) pair live in acc scratch token by token: token j's rows of the
+ * super-block side by side, so that a micro-tile's rows of one token are one run of memory. */
+void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                        const struct pp_mm_scratch *s, const struct pp_mm_micro *k)
 {
-    static void (*const micros[NR + 1])(const struct tile *) = {NULL, micro1, micro2, micro3,
-                                                                 micro4};
-    int64_t cols = a->cols;
-    const int64_t mc = PP_MM_MC_MAX / MR * MR;
+    pack_fn packer = a->dtype == PP_DTYPE_F32    ? pack_f32
+                     : a->dtype == PP_DTYPE_F16  ? pack_f16
+                     : a->dtype == PP_DTYPE_BF16 ? pack_bf16
+                                                 : pack_q8_0;
+    int64_t cols = a->cols, mr = k->mr, nr = k->nr, mc = k->mc;
     for (int64_t t0 = 0; t0 < a->n; t0 += PP_MM_NC_MAX) {
         int64_t nc = a->n - t0 < PP_MM_NC_MAX ? a->n - t0 : PP_MM_NC_MAX;
         /* a super-block of rows whose partial sums (sb × nc × 8 floats) fit the acc scratch: each
          * chunk of x then serves all its panels while it is in L2 */
-        int64_t sb = PP_MM_ACC_CAP / (nc * 8) / MR * MR;
+        int64_t sb = PP_MM_ACC_CAP / (nc * 8) / mr * mr;
         for (int64_t rs = r0; rs < r1; rs += sb) {
             int64_t rs1 = r1 - rs < sb ? r1 : rs + sb;
             for (int64_t k0 = 0; k0 < cols; k0 += PP_MM_KC) {
                 int64_t kl = cols - k0 < PP_MM_KC ? cols - k0 : PP_MM_KC;
                 int64_t steps = (kl + 7) / 8;
-                struct tile m;
+                struct pp_mm_tile m;
                 m.ldx = cols;
                 m.full = kl & ~(int64_t)7;
                 m.rem = kl - m.full;
-                m.lda = nc * 8;
+                m.lda = sb * 8;
                 m.first = k0 == 0;
                 m.last = k0 + kl == cols;
                 m.ldy = a->rows;
                 for (int64_t rb = rs; rb < rs1; rb += mc) {
                     int64_t mcl = rs1 - rb < mc ? rs1 - rb : mc;
-                    packer(s->panel, a, rb, mcl, k0, kl);
+                    packer(s->panel, a, rb, mcl, k0, kl, (int)mr);
                     /* a token group's chunk stays in L1 while it sweeps the panel, also in L1 */
-                    for (int64_t t = 0; t < nc; t += NR) {
-                        int64_t left = nc - t < NR ? nc - t : NR;
+                    for (int64_t t = 0; t < nc; t += nr) {
+                        int64_t left = nc - t < nr ? nc - t : nr;
                         m.x = a->x + (t0 + t) * cols + k0;
-                        for (int64_t p = 0; p < mcl; p += MR) {
-                            m.pp = s->panel + (p / MR) * steps * MR * 8;
-                            m.rows = mcl - p < MR ? (int)(mcl - p) : MR;
-                            m.acc = s->acc + ((rb - rs + p) * nc + t) * 8;
+                        for (int64_t p = 0; p < mcl; p += mr) {
+                            m.pp = s->panel + (p / mr) * steps * mr * 8;
+                            m.rows = mcl - p < mr ? (int)(mcl - p) : (int)mr;
+                            m.acc = s->acc + (t * sb + rb - rs + p) * 8;
                             m.y = a->y + (t0 + t) * a->rows + rb + p;
-                            if (!m.first && (p + MR < mcl || t + NR < nc)) {
-                                /* the next tile's partial sums (the next 3 rows of these
-                                 * tokens, or the first 3 rows of the next tokens) are in L2:
-                                 * asking for them now hides the wait at that tile's start
-                                 * (3% faster at 128 tokens on Zen 3) */
-                                const float *na = p + MR < mcl
-                                                      ? m.acc + MR * m.lda
-                                                      : s->acc + ((rb - rs) * nc + t + NR) * 8;
-                                _Pragma("GCC unroll 3")
-                                for (int i = 0; i < MR; i++) {
-                                    _mm_prefetch((const char *)(na + i * m.lda), _MM_HINT_T0);
-                                    _mm_prefetch((const char *)(na + i * m.lda) + 64, _MM_HINT_T0);
+                            if (!m.first && (p + mr < mcl || t + nr < nc)) {
+                                /* the next tile's partial sums (the next rows of these tokens,
+                                 * or the first rows of the next tokens) are in L2: asking for
+                                 * them now hides the wait at that tile's start (3% faster at
+                                 * 128 tokens on Zen 3) */
+                                const float *na = p + mr < mcl
+                                                      ? m.acc + mr * 8
+                                                      : s->acc + ((t + nr) * sb + rb - rs) * 8;
+                                for (int64_t j = 0; j < nr; j++) {
+                                    const char *c = (const char *)(na + j * m.lda);
+                                    for (int64_t off = 0; off < mr * 32; off += 64)
+                                        _mm_prefetch(c + off, _MM_HINT_T0);
+                                    _mm_prefetch(c + mr * 32 - 1, _MM_HINT_T0);
                                 }
                             }
-                            micros[left](&m);
+                            k->fn[left](&m);
                         }
                     }
                 }
@@ -639,16 +622,10 @@ static void packed(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 static void matmul_rows_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                              const struct pp_mm_scratch *s)
 {
-    if (a->n <= PP_MM_DIRECT_MAX_TOKENS) {
-        direct(a, r0, r1, s);
-        return;
-    }
-    switch (a->dtype) {
-    case PP_DTYPE_F32: packed(a, r0, r1, s, pack_f32); break;
-    case PP_DTYPE_F16: packed(a, r0, r1, s, pack_f16); break;
-    case PP_DTYPE_BF16: packed(a, r0, r1, s, pack_bf16); break;
-    default: packed(a, r0, r1, s, pack_q8_0); break;
-    }
+    if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
+        pp__mm_direct_avx2(a, r0, r1, s);
+    else
+        pp__mm_packed_avx2(a, r0, r1, s, &micro_avx2);
 }
 
 static float dot_avx2(const float *a, const float *b, int64_t n)
@@ -658,11 +635,11 @@ static float dot_avx2(const float *a, const float *b, int64_t n)
     for (int64_t i = 0; i < full; i += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
     if (full < n) {
-        __m256i m = tail_mask(n - full);
+        __m256i m = pp__tail_mask_avx(n - full);
         __m256 av = _mm256_maskload_ps(a + full, m), bv = _mm256_maskload_ps(b + full, m);
         acc = _mm256_fmadd_ps(av, bv, acc);
     }
-    return merge8(acc);
+    return pp__merge8_avx(acc);
 }
 
 /* Four rows at a time: four independent chains, each pp__dot's order, so the FMA latency is
@@ -670,7 +647,7 @@ static float dot_avx2(const float *a, const float *b, int64_t n)
 static void dots_avx2(float *out, const float *a, const float *const *b, int64_t m, int64_t n)
 {
     int64_t full = n & ~(int64_t)7, i = 0;
-    __m256i mk = tail_mask(n - full);
+    __m256i mk = pp__tail_mask_avx(n - full);
     for (; i + 4 <= m; i += 4) {
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
         const float *b0 = b[i], *b1 = b[i + 1], *b2 = b[i + 2], *b3 = b[i + 3];
@@ -688,10 +665,10 @@ static void dots_avx2(float *out, const float *a, const float *const *b, int64_t
             c2 = _mm256_fmadd_ps(av, _mm256_maskload_ps(b2 + full, mk), c2);
             c3 = _mm256_fmadd_ps(av, _mm256_maskload_ps(b3 + full, mk), c3);
         }
-        out[i] = merge8(c0);
-        out[i + 1] = merge8(c1);
-        out[i + 2] = merge8(c2);
-        out[i + 3] = merge8(c3);
+        out[i] = pp__merge8_avx(c0);
+        out[i + 1] = pp__merge8_avx(c1);
+        out[i + 2] = pp__merge8_avx(c2);
+        out[i + 3] = pp__merge8_avx(c3);
     }
     for (; i < m; i++)
         out[i] = dot_avx2(a, b[i], n);

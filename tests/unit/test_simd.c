@@ -1,7 +1,9 @@
 /* The vector inner loops give exactly the portable loops' bits (the canonical pp__dot order), on
  * ragged sizes, on both matmul loop nests (few tokens read weights directly, many tokens go through
- * packed panels and chunked partial sums), and for every weight dtype. */
+ * packed panels and chunked partial sums), and for every weight dtype; once for each vector table
+ * the CPU can run (AVX2, AVX-512). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,7 +177,7 @@ static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64
     float *y1 = malloc(sizeof(float) * (size_t)(n * rows));
     float *y2 = malloc(sizeof(float) * (size_t)(n * rows));
     float *row = malloc(sizeof(float) * (size_t)cols);
-    float *panel = malloc(sizeof(float) * PP_MM_MC_MAX * PP_MM_KC);
+    float *panel = malloc(sizeof(float) * PP_MM_PANEL_ROWS * PP_MM_KC);
     float *acc = malloc(sizeof(float) * PP_MM_ACC_CAP);
     for (int64_t i = 0; i < rows * cols; i++)
         src[i] = frand(seed);
@@ -315,5 +317,23 @@ int main(void)
         cmocka_unit_test(test_direct_all_token_counts),
         cmocka_unit_test(test_conversions_match),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* every vector table this CPU can run, each against the portable one (PP_SIMD caps the table
+     * pp_simd_get returns); a CPU with none runs the group once, portable against itself */
+    static const char *const names[] = {"avx2", "avx512"};
+    int failed = 0, ran = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!pp_simd_named(names[i]))
+            continue;
+        setenv("PP_SIMD", names[i], 1);
+        if (strcmp(pp_simd_get()->name, names[i]) != 0) {
+            fprintf(stderr, "PP_SIMD=%s gave the %s table\n", names[i], pp_simd_get()->name);
+            return 1;
+        }
+        fprintf(stderr, "vector table %s against portable\n", names[i]);
+        failed += cmocka_run_group_tests_name(names[i], tests, NULL, NULL);
+        ran++;
+    }
+    if (!ran)
+        failed += cmocka_run_group_tests(tests, NULL, NULL);
+    return failed;
 }

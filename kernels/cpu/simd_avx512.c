@@ -1,0 +1,163 @@
+/* AVX-512 inner loops of the CPU backend, for CPUs that have AVX-512F and DQ besides AVX2, FMA
+ * and F16C. A zmm register holds two output elements' eight lanes side by side, two rows of one
+ * token, so each lane keeps the canonical chain of pp__dot (kernels/cpu/cpu-impl.h): the
+ * arithmetic and its order are those of the AVX2 loops, only twice as many chains advance per
+ * instruction. The many-token micro-kernel is 6 rows × 8 tokens (24 zmm accumulators) over the
+ * packed f32 panels of the AVX2 nest; the few-token nest, whose rate the weights' conversion and
+ * the memory set, and the other loops are the AVX2 ones. */
+#include "kernels/cpu/simd.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512dq"))),           \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512dq")
+#endif
+
+#include <immintrin.h>
+#include <pthread.h>
+
+#include "kernels/cpu/row_groups.h"
+#include "kernels/cpu/simd_x86.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* Rows (in pairs, one zmm each) and tokens of the micro-tile: 3 × 8 accumulators + 3 weight
+ * registers + one activation register of the 32. Each step loads 3 weight vectors and broadcasts
+ * 8 activation vectors for 24 FMAs. */
+#define MP 3
+#define MR (2 * MP)
+#define NR 8
+_Static_assert(MR % PP_ROW_GROUP == 0, "a micro-panel is whole row groups");
+_Static_assert(PP_MM_MC_AVX512 % MR == 0 && PP_MM_MC_AVX512 <= PP_MM_PANEL_ROWS,
+               "a panel is whole micro-panels and fits the panel scratch");
+
+/* Eight floats at p, in both halves of a zmm. */
+AI __m512 dup8(const float *p)
+{
+    return _mm512_broadcast_f32x8(_mm256_loadu_ps(p));
+}
+
+/* MR rows × NT tokens over one chunk; accumulator (pair q, token j) holds rows 2q (low half) and
+ * 2q + 1 (high half), whose lane sums sit side by side in the acc scratch. */
+AI void micro(const struct pp_mm_tile *m, int NT)
+{
+    __m512 acc[MP][NR];
+    _Pragma("GCC unroll 3")
+    for (int q = 0; q < MP; q++)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < NT; j++)
+            acc[q][j] = m->first ? _mm512_setzero_ps()
+                                 : _mm512_loadu_ps(m->acc + j * m->lda + q * 16);
+    const float *pp = m->pp;
+    const float *xs[NR];
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NR; j++)
+        xs[j] = m->x + (j < NT ? j : 0) * m->ldx;
+    for (int64_t k = 0; k < m->full; k += 8, pp += MR * 8) {
+        __m512 w[MP];
+        _Pragma("GCC unroll 3")
+        for (int q = 0; q < MP; q++)
+            w[q] = _mm512_loadu_ps(pp + q * 16);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < NT; j++) {
+            __m512 xv = dup8(xs[j] + k);
+            _Pragma("GCC unroll 3")
+            for (int q = 0; q < MP; q++)
+                acc[q][j] = _mm512_fmadd_ps(w[q], xv, acc[q][j]);
+        }
+    }
+    if (m->rem) {
+        __m256i mk = pp__tail_mask_avx(m->rem);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < NT; j++) {
+            __m512 xv = _mm512_broadcast_f32x8(_mm256_maskload_ps(xs[j] + m->full, mk));
+            _Pragma("GCC unroll 3")
+            for (int q = 0; q < MP; q++)
+                acc[q][j] = _mm512_fmadd_ps(_mm512_loadu_ps(pp + q * 16), xv, acc[q][j]);
+        }
+    }
+    if (m->last) {
+        /* constant indices only: a variable one would put the accumulators in memory */
+        _Pragma("GCC unroll 3")
+        for (int q = 0; q < MP; q++)
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NT; j++) {
+                if (2 * q < m->rows)
+                    m->y[j * m->ldy + 2 * q] = pp__merge8_avx(_mm512_castps512_ps256(acc[q][j]));
+                if (2 * q + 1 < m->rows)
+                    m->y[j * m->ldy + 2 * q + 1] =
+                        pp__merge8_avx(_mm512_extractf32x8_ps(acc[q][j], 1));
+            }
+    } else {
+        _Pragma("GCC unroll 3")
+        for (int q = 0; q < MP; q++)
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NT; j++)
+                _mm512_storeu_ps(m->acc + j * m->lda + q * 16, acc[q][j]);
+    }
+}
+
+#define MICRO(nt)                                                                                  \
+    __attribute__((noinline)) static void micro##nt(const struct pp_mm_tile *m)                    \
+    {                                                                                              \
+        micro(m, nt);                                                                              \
+    }
+MICRO(1)
+MICRO(2)
+MICRO(3)
+MICRO(4)
+MICRO(5)
+MICRO(6)
+MICRO(7)
+MICRO(8)
+
+static const struct pp_mm_micro micro_avx512 = {
+    MR, NR, PP_MM_MC_AVX512,
+    {NULL, micro1, micro2, micro3, micro4, micro5, micro6, micro7, micro8}};
+
+static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                               const struct pp_mm_scratch *s)
+{
+    if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
+        pp__mm_direct_avx2(a, r0, r1, s);
+    else
+        pp__mm_packed_avx2(a, r0, r1, s, &micro_avx512);
+}
+
+static struct pp_simd avx512;
+static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
+
+/* The AVX2 table with this file's matmul. */
+static void avx512_init(void)
+{
+    avx512 = *pp__simd_avx2();
+    avx512.name = "avx512";
+    avx512.matmul_rows = matmul_rows_avx512;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+const struct pp_simd *pp__simd_avx512(void)
+{
+    if (!pp__simd_avx2())
+        return 0;
+    pthread_once(&avx512_once, avx512_init);
+    return &avx512;
+}
+
+#else
+
+const struct pp_simd *pp__simd_avx512(void)
+{
+    return 0;
+}
+
+#endif

@@ -1,0 +1,60 @@
+/* What the AVX-512 inner loops (kernels/cpu/simd_avx512.c) share with the AVX2 ones
+ * (kernels/cpu/simd_avx2.c): the few-token nest, and the many-token nest's packing and loop
+ * driver, which take their micro-kernel as a parameter. x86-64 GCC/Clang only; include it after
+ * the file's target pragma, so that the inline helpers below get that file's instruction set. */
+#ifndef PP_CPU_SIMD_X86_H
+#define PP_CPU_SIMD_X86_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "kernels/cpu/simd.h"
+
+/* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), as pp__merge8. */
+static inline __attribute__((always_inline)) float pp__merge8_avx(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+/* Lanes [0, rem) all ones: a masked load reads only those and zeroes the rest. */
+static inline __attribute__((always_inline)) __m256i pp__tail_mask_avx(int64_t rem)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem), idx);
+}
+
+/* Where one micro-tile of the many-token nest finds its operands and puts its results. */
+struct pp_mm_tile {
+    const float *pp;  /* micro-panel [steps][mr][8]: row i of step s at pp + (s * mr + i) * 8 */
+    const float *x;   /* first token's activations at the chunk start; tokens are ldx apart */
+    int64_t ldx;
+    int64_t full;     /* whole steps in the chunk, in elements */
+    int64_t rem;      /* elements of the zero-padded last step, 0 if none */
+    float *acc;       /* lane sums of (row i, token j) at acc + j * lda + i * 8 */
+    int64_t lda;
+    int first, last;  /* first chunk: start from zero; last: merge into y */
+    float *y;         /* y of (row 0, token 0); token j, row i at y + j * ldy + i */
+    int64_t ldy;
+    int rows;         /* valid rows of the mr */
+};
+
+typedef void (*pp_mm_micro_fn)(const struct pp_mm_tile *m);
+
+/* A micro-kernel family: mr rows (a multiple of PP_ROW_GROUP) × up to nr tokens, fn[t] for t
+ * tokens; panels of mc rows (a multiple of mr, at most PP_MM_PANEL_ROWS). */
+struct pp_mm_micro {
+    int mr, nr, mc;
+    pp_mm_micro_fn fn[9];
+};
+
+/* The few-token nest (n <= PP_MM_DIRECT_MAX_TOKENS) on AVX2. */
+void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                        const struct pp_mm_scratch *s);
+
+/* The many-token nest: panels packed to f32 on AVX2, swept by the micro-kernel family k. */
+void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                        const struct pp_mm_scratch *s, const struct pp_mm_micro *k);
+
+#endif
