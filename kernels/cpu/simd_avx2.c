@@ -64,6 +64,11 @@
 #ifndef PP_MM_GROUPED_ONE_ROWS
 #define PP_MM_GROUPED_ONE_ROWS 6
 #endif
+/* The many-token nest prefetches the weights of the panel it packs next while it computes with the
+ * current one (a compile-time knob for experiments). */
+#ifndef PP_MM_PANEL_PREFETCH
+#define PP_MM_PANEL_PREFETCH 1
+#endif
 #ifndef PP_MM_PF_HINT
 #define PP_MM_PF_HINT _MM_HINT_T0
 #endif
@@ -552,8 +557,56 @@ __attribute__((noinline)) static void micro4(const struct pp_mm_tile *m)
 }
 
 static const struct pp_mm_micro micro_avx2 = {
-    MR, NR, PP_MM_MC_MAX / MR * MR, {NULL, micro1, micro2, micro3, micro4}};
+    MR, NR, PP_MM_MC_MAX / MR * MR, PP_MM_NC_MAX, {NULL, micro1, micro2, micro3, micro4}};
 _Static_assert(PP_MM_MC_MAX / MR * MR <= PP_MM_PANEL_ROWS, "the panel scratch holds a panel");
+
+/* The stored bytes a panel of rows [r, r + mc) × elements [k0, k0 + kl) is packed from: one run
+ * per row group (row groups) or per row (row-major), at most PP_MM_PANEL_ROWS. */
+struct panel_src {
+    const char *p[PP_MM_PANEL_ROWS];
+    int64_t len[PP_MM_PANEL_ROWS];
+    int n;
+};
+
+static void panel_src(struct panel_src *ps, const struct pp_mm_args *a, int64_t r, int64_t mc,
+                      int64_t k0, int64_t kl)
+{
+    enum pp_dtype dt = a->dtype;
+    int64_t ue = pp__unit_elems(dt), ub = pp__unit_bytes(dt);
+    ps->n = 0;
+    for (int64_t g = 0; g < mc; g += PP_ROW_GROUP) {
+        int64_t nr = mc - g < PP_ROW_GROUP ? mc - g : PP_ROW_GROUP;
+        struct pp_row_group q = pp__row_group(dt, a->cols, a->grouped, nr);
+        const char *gb = (const char *)a->w + (r + g) * a->row_bytes;
+        /* the units that [k0, k0 + kl) touches, a short last unit included */
+        int64_t u0 = k0 / ue, u1 = (k0 + kl + ue - 1) / ue;
+        if (a->grouped) {
+            ps->p[ps->n] = gb + u0 * q.unit_stride;
+            ps->len[ps->n++] = (u1 - u0) * q.unit_stride;
+        } else
+            for (int64_t i = 0; i < nr; i++) {
+                ps->p[ps->n] = gb + i * q.row_off + u0 * ub;
+                ps->len[ps->n++] = (u1 - u0) * ub;
+            }
+    }
+}
+
+/* Asks for part part of parts of ps's lines (the runs one after another, cut into parts of equal
+ * line counts), into L2: the next panel's weights arrive while the micro-kernel sweeps this one,
+ * a few lines per micro-tile, and packing it then reads L2, not memory. */
+static void panel_src_prefetch(const struct panel_src *ps, int64_t part, int64_t parts)
+{
+    int64_t total = 0;
+    for (int i = 0; i < ps->n; i++)
+        total += (ps->len[i] + 63) / 64;
+    int64_t l0 = total * part / parts, l1 = total * (part + 1) / parts, base = 0;
+    for (int i = 0; i < ps->n && base < l1; i++) {
+        int64_t lines = (ps->len[i] + 63) / 64;
+        for (int64_t l = l0 > base ? l0 : base; l < base + lines && l < l1; l++)
+            _mm_prefetch(ps->p[i] + (l - base) * 64, _MM_HINT_T1);
+        base += lines;
+    }
+}
 
 /* The lane sums of a (row, token) pair live in acc scratch token by token: token j's rows of the
  * super-block side by side, so that a micro-tile's rows of one token are one run of memory. */
@@ -565,8 +618,8 @@ void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                      : a->dtype == PP_DTYPE_BF16 ? pack_bf16
                                                  : pack_q8_0;
     int64_t cols = a->cols, mr = k->mr, nr = k->nr, mc = k->mc;
-    for (int64_t t0 = 0; t0 < a->n; t0 += PP_MM_NC_MAX) {
-        int64_t nc = a->n - t0 < PP_MM_NC_MAX ? a->n - t0 : PP_MM_NC_MAX;
+    for (int64_t t0 = 0; t0 < a->n; t0 += k->nc) {
+        int64_t nc = a->n - t0 < k->nc ? a->n - t0 : k->nc;
         /* a super-block of rows whose partial sums (sb × nc × 8 floats) fit the acc scratch: each
          * chunk of x then serves all its panels while it is in L2 */
         int64_t sb = PP_MM_ACC_CAP / (nc * 8) / mr * mr;
@@ -586,6 +639,17 @@ void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                 for (int64_t rb = rs; rb < rs1; rb += mc) {
                     int64_t mcl = rs1 - rb < mc ? rs1 - rb : mc;
                     packer(s->panel, a, rb, mcl, k0, kl, (int)mr);
+                    /* the panel packed next: the next rows of this chunk, or the super-block's
+                     * first rows in the next chunk */
+                    struct panel_src next;
+                    next.n = 0;
+                    if (rb + mc < rs1)
+                        panel_src(&next, a, rb + mc, rs1 - rb - mc < mc ? rs1 - rb - mc : mc, k0,
+                                  kl);
+                    else if (k0 + kl < cols)
+                        panel_src(&next, a, rs, rs1 - rs < mc ? rs1 - rs : mc, k0 + kl,
+                                  cols - k0 - kl < PP_MM_KC ? cols - k0 - kl : PP_MM_KC);
+                    int64_t mps = (mcl + mr - 1) / mr, tiles = (nc + nr - 1) / nr * mps;
                     /* a token group's chunk stays in L1 while it sweeps the panel, also in L1 */
                     for (int64_t t = 0; t < nc; t += nr) {
                         int64_t left = nc - t < nr ? nc - t : nr;
@@ -610,6 +674,8 @@ void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                     _mm_prefetch(c + mr * 32 - 1, _MM_HINT_T0);
                                 }
                             }
+                            if (PP_MM_PANEL_PREFETCH && next.n)
+                                panel_src_prefetch(&next, t / nr * mps + p / mr, tiles);
                             k->fn[left](&m);
                         }
                     }

@@ -34,6 +34,7 @@
 _Static_assert(MR % PP_ROW_GROUP == 0, "a micro-panel is whole row groups");
 _Static_assert(PP_MM_MC_AVX512 % MR == 0 && PP_MM_MC_AVX512 <= PP_MM_PANEL_ROWS,
                "a panel is whole micro-panels and fits the panel scratch");
+_Static_assert(PP_MM_ACC_CAP / (PP_MM_NC_AVX512 * 8) >= MR, "a super-block holds a micro-panel");
 
 /* Eight floats at p, in both halves of a zmm. */
 AI __m512 dup8(const float *p)
@@ -116,7 +117,7 @@ MICRO(7)
 MICRO(8)
 
 static const struct pp_mm_micro micro_avx512 = {
-    MR, NR, PP_MM_MC_AVX512,
+    MR, NR, PP_MM_MC_AVX512, PP_MM_NC_AVX512,
     {NULL, micro1, micro2, micro3, micro4, micro5, micro6, micro7, micro8}};
 
 static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,

@@ -43,9 +43,10 @@ struct pp_mm_tile {
 typedef void (*pp_mm_micro_fn)(const struct pp_mm_tile *m);
 
 /* A micro-kernel family: mr rows (a multiple of PP_ROW_GROUP) × up to nr tokens, fn[t] for t
- * tokens; panels of mc rows (a multiple of mr, at most PP_MM_PANEL_ROWS). */
+ * tokens; panels of mc rows (a multiple of mr, at most PP_MM_PANEL_ROWS); passes of up to nc
+ * tokens. */
 struct pp_mm_micro {
-    int mr, nr, mc;
+    int mr, nr, mc, nc;
     pp_mm_micro_fn fn[9];
 };
 

@@ -321,19 +321,13 @@ static void test_matmul_small_batches(void **state)
     backends_free(be);
 }
 
-/* The vector inner loops chosen for this CPU give the portable loops' bits (PP_SIMD=portable
- * forces the latter when a backend is created), on ragged shapes and batches that are not a multiple
- * of the 4-token vector step, so a result never depends on which machine computed it. */
-static void test_matmul_simd_matches_portable(void **state)
+/* Each vector table this CPU can run (AVX2, AVX-512; PP_SIMD picks one when a backend is created)
+ * gives the portable loops' bits, on ragged shapes and batches that are not a multiple of the 4-
+ * or 8-token vector steps, with the weights in row groups and row-major, so a result never depends
+ * on which machine computed it. */
+static void compare_with_portable(struct pp_backend *fast, struct pp_backend *port,
+                                  const char *name)
 {
-    (void)state;
-    struct pp_backend *fast, *port;
-    assert_int_equal(pp_backend_cpu_new(2, &fast), PP_OK);
-    setenv("PP_SIMD", "portable", 1);
-    assert_int_equal(pp_backend_cpu_new(2, &port), PP_OK);
-    unsetenv("PP_SIMD");
-    assert_int_equal(fast->ops->reserve(fast, MAX_COLS, MAX_CONTEXT), PP_OK);
-    assert_int_equal(port->ops->reserve(port, MAX_COLS, MAX_CONTEXT), PP_OK);
     uint64_t seed = 12;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
     for (int it = 0; it < 24; it++) {
@@ -349,16 +343,36 @@ static void test_matmul_simd_matches_portable(void **state)
         fast->ops->matmul(fast, a, x, &tw.w, n);
         port->ops->matmul(port, b, x, &tw.w, n);
         if (memcmp(a, b, bytes) != 0)
-            fail_msg("matmul %s [%lld,%lld] n=%lld: vector and portable loops differ",
-                     pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n);
-        check_layouts_agree(fast, a, x, &tw, n, "vector loops");
+            fail_msg("matmul %s [%lld,%lld] n=%lld: %s and portable loops differ",
+                     pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, name);
+        check_layouts_agree(fast, a, x, &tw, n, name);
         check_layouts_agree(port, a, x, &tw, n, "portable loops");
         free(a);
         free(b);
         free(x);
         weight_free(&tw);
     }
-    fast->ops->free(fast);
+}
+
+static void test_matmul_simd_matches_portable(void **state)
+{
+    (void)state;
+    struct pp_backend *port;
+    setenv("PP_SIMD", "portable", 1);
+    assert_int_equal(pp_backend_cpu_new(2, &port), PP_OK);
+    assert_int_equal(port->ops->reserve(port, MAX_COLS, MAX_CONTEXT), PP_OK);
+    static const char *const names[] = {"avx2", "avx512"};
+    for (int i = 0; i < 2; i++) {
+        if (!pp_simd_named(names[i]))
+            continue;
+        struct pp_backend *fast;
+        setenv("PP_SIMD", names[i], 1);
+        assert_int_equal(pp_backend_cpu_new(2, &fast), PP_OK);
+        assert_int_equal(fast->ops->reserve(fast, MAX_COLS, MAX_CONTEXT), PP_OK);
+        compare_with_portable(fast, port, names[i]);
+        fast->ops->free(fast);
+    }
+    unsetenv("PP_SIMD");
     port->ops->free(port);
 }
 
