@@ -42,6 +42,18 @@ AI __m512 dup8(const float *p)
     return _mm512_broadcast_f32x8(_mm256_loadu_ps(p));
 }
 
+/* pp__merge8 of both halves at once, in the same order, ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)):
+ * the low half's result in lane 0, the high half's in lane 2. */
+AI __m128 merge8x2(__m512 v)
+{
+    __m512 s = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+    __m512 t = _mm512_add_ps(s, _mm512_shuffle_ps(s, s, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 u = _mm512_add_ps(t, _mm512_shuffle_ps(t, t, _MM_SHUFFLE(1, 1, 1, 1)));
+    /* lane 0 and lane 8 into lanes 0 and 2 */
+    return _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 8, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
+}
+
 /* MR rows × NT tokens over one chunk; accumulator (pair q, token j) holds rows 2q (low half) and
  * 2q + 1 (high half), whose lane sums sit side by side in the acc scratch. */
 AI void micro(const struct pp_mm_tile *m, int NT)
@@ -87,11 +99,11 @@ AI void micro(const struct pp_mm_tile *m, int NT)
         for (int q = 0; q < MP; q++)
             _Pragma("GCC unroll 8")
             for (int j = 0; j < NT; j++) {
+                __m128 v = merge8x2(acc[q][j]);
                 if (2 * q < m->rows)
-                    m->y[j * m->ldy + 2 * q] = pp__merge8_avx(_mm512_castps512_ps256(acc[q][j]));
+                    m->y[j * m->ldy + 2 * q] = _mm_cvtss_f32(v);
                 if (2 * q + 1 < m->rows)
-                    m->y[j * m->ldy + 2 * q + 1] =
-                        pp__merge8_avx(_mm512_extractf32x8_ps(acc[q][j], 1));
+                    m->y[j * m->ldy + 2 * q + 1] = _mm_cvtss_f32(_mm_movehl_ps(v, v));
             }
     } else {
         _Pragma("GCC unroll 3")
