@@ -192,11 +192,14 @@ static void matmul_dtype(enum pp_dtype dt, uint64_t seed)
     struct pp_backend *be[N_BE];
     backends_new(be);
     int64_t step = dt == PP_DTYPE_Q8_0 ? PP_Q8_0_BLOCK : 1;
-    /* edge shapes first: one column, one row, a tail shorter than 8, more tokens than a tile (32),
-     * more rows than 4 threads × the row grain (16) */
-    const int64_t fixed[][3] = {{1, 1, 1}, {1, 7, 1}, {3, 8, 2}, {5, 9, 3}, {70, 33, 1},
-                                {17, 100, 33}, {65, 67, 40}, {2, MAX_COLS, 2}, {7, 700, 9},
-                                {31, 1000, 5}, {50, 257, 4}};
+    /* edge shapes first: one column, one row, a tail shorter than 8, more tokens than the
+     * few-token nest takes (20); more rows than 4 threads × the row chunk of either nest (96 rows
+     * up to 20 tokens, 48 beyond: kernels/cpu/matmul.c), ragged, so that every thread count cuts
+     * the rows differently */
+    const int64_t fixed[][3] = {{1, 1, 1},     {1, 7, 1},      {3, 8, 2},    {5, 9, 3},
+                                {70, 33, 1},   {17, 100, 33},  {65, 67, 40}, {2, MAX_COLS, 2},
+                                {7, 700, 9},   {31, 1000, 5},  {50, 257, 4}, {389, 40, 1},
+                                {401, 70, 6},  {203, 45, 27}};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
         int64_t cols = (fixed[i][1] + step - 1) / step * step;
         if (cols > MAX_COLS)
