@@ -96,7 +96,9 @@ pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out)
     be->device = -1;
     be->host_memory = 1;
     be->impl = c;
-    pp_status st = pp_threadpool_new(n_threads, &c->pool);
+    pp_status st = pp_simd_check_env();
+    if (st == PP_OK)
+        st = pp_threadpool_new(n_threads, &c->pool);
     if (st != PP_OK) {
         cpu_free(be);
         return st;

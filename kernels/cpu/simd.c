@@ -88,7 +88,10 @@ static int has_f16c(void)
 }
 #endif
 
-/* Tables from the widest down, each with what this CPU must have for it. */
+/* The tables by level, narrowest first. */
+static const char *const table_names[] = {"portable", "avx2", "avx512"};
+
+/* The table of one level if this CPU and build can run it, else NULL. */
 static const struct pp_simd *table_if_supported(int level)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -104,23 +107,34 @@ static const struct pp_simd *table_if_supported(int level)
     return level == 0 ? &portable : NULL;
 }
 
+/* The level named name, or -1. */
+static int level_named(const char *name)
+{
+    for (int level = 0; level < 3; level++)
+        if (strcmp(name, table_names[level]) == 0)
+            return level;
+    return -1;
+}
+
 const struct pp_simd *pp_simd_named(const char *name)
 {
-    static const char *const names[] = {"portable", "avx2", "avx512"};
-    for (int level = 0; level < 3; level++)
-        if (strcmp(name, names[level]) == 0)
-            return table_if_supported(level);
-    return NULL;
+    int level = level_named(name);
+    return level < 0 ? NULL : table_if_supported(level);
+}
+
+pp_status pp_simd_check_env(void)
+{
+    const char *force = getenv("PP_SIMD");
+    if (force && *force && level_named(force) < 0)
+        return pp_error(PP_ERR_INVALID_ARG, "PP_SIMD: expected portable, avx2 or avx512, got \"%s\"",
+                        force);
+    return PP_OK;
 }
 
 const struct pp_simd *pp_simd_get(void)
 {
-    static const char *const names[] = {"portable", "avx2", "avx512"};
     const char *force = getenv("PP_SIMD");
-    int top = 2;
-    for (int level = 0; force && level < 3; level++)
-        if (strcmp(force, names[level]) == 0)
-            top = level;
+    int top = force && *force && level_named(force) >= 0 ? level_named(force) : 2;
     for (int level = top; level > 0; level--) {
         const struct pp_simd *t = table_if_supported(level);
         if (t)

@@ -1,7 +1,7 @@
 /* The CPU backend's inner loops, in three implementations chosen once at run time from the CPU's
  * features: AVX-512 (kernels/cpu/simd_avx512.c), AVX2 + FMA + F16C (kernels/cpu/simd_avx2.c) and
- * portable C (kernels/cpu/simd.c). All follow the one canonical reduction order of pp__dot (kernels/cpu/cpu-impl.h): eight lanes of
- * fused multiply-adds in increasing index, then a fixed merge. Weight conversions are exact. So an
+ * portable C (kernels/cpu/simd.c). All follow the one canonical reduction order of pp__dot
+ * (kernels/cpu/cpu-impl.h): eight lanes of fused multiply-adds in increasing index, then a fixed merge. Weight conversions are exact. So an
  * output element's bits never depend on which path a machine takes, how many tokens share the
  * call, or which rows a thread was given. */
 #ifndef PP_SIMD_H
@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "common/status.h"
 #include "kernels/dtype.h"
 
 /* Cache blocking of the many-token matmul path (kernels/cpu/simd_avx2.c). The reduction is cut
@@ -115,8 +116,11 @@ struct pp_simd {
 
 /* The best implementation for this CPU. PP_SIMD in the environment caps it: "portable", "avx2" or
  * "avx512" (tests and benchmarks use it to run the paths side by side; a path the CPU lacks gives
- * the best one below it). Thread-safe; the tables are immutable once returned. */
+ * the best one below it; another value is ignored here, and pp_simd_check_env refuses it).
+ * Thread-safe; the tables are immutable once returned. */
 const struct pp_simd *pp_simd_get(void);
+/* PP_OK, or PP_ERR_INVALID_ARG with a message when PP_SIMD is set to an unknown name. */
+pp_status pp_simd_check_env(void);
 const struct pp_simd *pp_simd_portable(void);
 /* The table named "portable", "avx2" or "avx512", or NULL when the name is unknown or this CPU or
  * build cannot run it. */

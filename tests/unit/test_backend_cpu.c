@@ -1115,6 +1115,14 @@ static void test_new_and_reserve_errors(void **state)
     (void)state;
     struct pp_backend *be = NULL;
     assert_int_equal(pp_backend_cpu_new(0, &be), PP_ERR_INVALID_ARG);
+    /* an unknown PP_SIMD is refused by name, leaking nothing */
+    int64_t misc0 = pp_mem_live(PP_MEM_MISC);
+    setenv("PP_SIMD", "avx9", 1);
+    pp_error_clear();
+    assert_int_equal(pp_backend_cpu_new(2, &be), PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(pp_error_detail(), "expected portable, avx2 or avx512, got \"avx9\""));
+    assert_int_equal(pp_mem_live(PP_MEM_MISC), misc0);
+    unsetenv("PP_SIMD");
 
     int64_t misc = pp_mem_live(PP_MEM_MISC), act = pp_mem_live(PP_MEM_ACTIVATIONS);
     /* each allocation of the constructor may fail, leaking nothing */
