@@ -15,7 +15,8 @@
  *  - more tokens (prefill, large microbatches): a panel of PP_MM_MC_MAX rows × PP_MM_KC elements
  *    is converted once into f32 scratch, then a register-blocked micro-kernel (3 rows × 4 tokens
  *    of accumulators) sweeps every token over it; partial lane sums live in scratch between
- *    reduction chunks.
+ *    reduction chunks. The nest takes its micro-kernel as a parameter: the AVX-512 table
+ *    (kernels/cpu/simd_avx512.c) runs it with a wider one, and uses the few-token nest as is.
  * The two nests differ only in where operands come from, never in the order of the arithmetic,
  * so a token's result is the same alone or in any batch. */
 #include "kernels/cpu/simd.h"
@@ -68,12 +69,6 @@
  * current one (a compile-time knob for experiments). */
 #ifndef PP_MM_PANEL_PREFETCH
 #define PP_MM_PANEL_PREFETCH 1
-#endif
-#ifndef PP_MM_PANEL_PF_HINT
-#define PP_MM_PANEL_PF_HINT _MM_HINT_T1
-#endif
-#ifndef PP_MM_ACC_PREFETCH
-#define PP_MM_ACC_PREFETCH 1
 #endif
 #ifndef PP_MM_PF_HINT
 #define PP_MM_PF_HINT _MM_HINT_T0
@@ -609,7 +604,7 @@ static void panel_src_prefetch(const struct panel_src *ps, int64_t part, int64_t
     for (int i = 0; i < ps->n && base < l1; i++) {
         int64_t lines = (ps->len[i] + 63) / 64;
         for (int64_t l = l0 > base ? l0 : base; l < base + lines && l < l1; l++)
-            _mm_prefetch(ps->p[i] + (l - base) * 64, PP_MM_PANEL_PF_HINT);
+            _mm_prefetch(ps->p[i] + (l - base) * 64, _MM_HINT_T1);
         base += lines;
     }
 }
@@ -665,7 +660,7 @@ void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                             m.rows = mcl - p < mr ? (int)(mcl - p) : (int)mr;
                             m.acc = s->acc + (t * sb + rb - rs + p) * 8;
                             m.y = a->y + (t0 + t) * a->rows + rb + p;
-                            if (PP_MM_ACC_PREFETCH && !m.first && (p + mr < mcl || t + nr < nc)) {
+                            if (!m.first && (p + mr < mcl || t + nr < nc)) {
                                 /* the next tile's partial sums (the next rows of these tokens,
                                  * or the first rows of the next tokens) are in L2: asking for
                                  * them now hides the wait at that tile's start (3% faster at
