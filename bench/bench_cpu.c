@@ -5,10 +5,11 @@
  *
  * Measures, in one run: the machine's read bandwidth and FP32 FMA peak with N threads (with the
  * widest vectors the CPU has, AVX-512 where present; before and after the models; the better of
- * the two is the bound); then per weight dtype (models DIR/<dtype>/model.gguf, written by the synth API when missing) the prefill
- * rate of one prompt and the greedy decode rate after it, the bytes a decode step reads, decode
- * as a fraction of the bandwidth bound and prefill as a fraction of the FMA peak; and our f32
- * matmul against OpenBLAS cblas_sgemm on the model's shapes, one token and a prompt's worth.
+ * the two is the bound); then per weight dtype (models DIR/<dtype>/model.gguf, written by the
+ * synth API when missing) the prefill rate of one prompt and the greedy decode rate after it, the
+ * bytes a decode step reads, decode as a fraction of the bandwidth bound and prefill as a fraction
+ * of the FMA peak; and our f32 matmul against OpenBLAS cblas_sgemm on the model's shapes, one
+ * token and a prompt's worth.
  * --decode-batch B (B >= 2) adds, per dtype, decode steps of B sequences together (a small
  * microbatch: B tokens per step, each sequence after a 16-token prompt): tokens/s, and the weights
  * streamed per second (weight bytes of a step ÷ the median step), which shows how well the matmul

@@ -126,8 +126,8 @@ pp_status pp_simd_check_env(void)
 {
     const char *force = getenv("PP_SIMD");
     if (force && *force && level_named(force) < 0)
-        return pp_error(PP_ERR_INVALID_ARG, "PP_SIMD: expected portable, avx2 or avx512, got \"%s\"",
-                        force);
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "PP_SIMD: expected portable, avx2 or avx512, got \"%s\"", force);
     return PP_OK;
 }
 

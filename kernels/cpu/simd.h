@@ -1,9 +1,9 @@
 /* The CPU backend's inner loops, in three implementations chosen once at run time from the CPU's
  * features: AVX-512 (kernels/cpu/simd_avx512.c), AVX2 + FMA + F16C (kernels/cpu/simd_avx2.c) and
  * portable C (kernels/cpu/simd.c). All follow the one canonical reduction order of pp__dot
- * (kernels/cpu/cpu-impl.h): eight lanes of fused multiply-adds in increasing index, then a fixed merge. Weight conversions are exact. So an
- * output element's bits never depend on which path a machine takes, how many tokens share the
- * call, or which rows a thread was given. */
+ * (kernels/cpu/cpu-impl.h): eight lanes of fused multiply-adds in increasing index, then a fixed
+ * merge. Weight conversions are exact. So an output element's bits never depend on which path a
+ * machine takes, how many tokens share the call, or which rows a thread was given. */
 #ifndef PP_SIMD_H
 #define PP_SIMD_H
 
@@ -126,8 +126,9 @@ const struct pp_simd *pp_simd_portable(void);
  * build cannot run it. */
 const struct pp_simd *pp_simd_named(const char *name);
 
-/* The AVX2/FMA/F16C table, and the AVX-512 one (AVX-512F and DQ besides), or NULL when this build
- * has none (not x86-64 GCC/Clang). Callers must check the CPU's features first; pp_simd_get does. */
+/* The AVX2/FMA/F16C table, and the AVX-512 one (AVX-512F and DQ besides), or NULL when this
+ * build has none (not x86-64 GCC/Clang). Callers must check the CPU's features first;
+ * pp_simd_get does. */
 const struct pp_simd *pp__simd_avx2(void);
 const struct pp_simd *pp__simd_avx512(void);
 

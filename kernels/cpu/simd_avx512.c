@@ -50,8 +50,8 @@ AI __m128 merge8x2(__m512 v)
     __m512 t = _mm512_add_ps(s, _mm512_shuffle_ps(s, s, _MM_SHUFFLE(3, 2, 3, 2)));
     __m512 u = _mm512_add_ps(t, _mm512_shuffle_ps(t, t, _MM_SHUFFLE(1, 1, 1, 1)));
     /* lane 0 and lane 8 into lanes 0 and 2 */
-    return _mm512_castps512_ps128(
-        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 8, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
+    const __m512i idx = _mm512_setr_epi32(0, 1, 8, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, u));
 }
 
 /* MR rows × NT tokens over one chunk; accumulator (pair q, token j) holds rows 2q (low half) and
