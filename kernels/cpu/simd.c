@@ -134,8 +134,8 @@ pp_status pp_simd_check_env(void)
 const struct pp_simd *pp_simd_get(void)
 {
     const char *force = getenv("PP_SIMD");
-    int top = force && *force && level_named(force) >= 0 ? level_named(force) : 2;
-    for (int level = top; level > 0; level--) {
+    int top = force && *force ? level_named(force) : -1;
+    for (int level = top < 0 ? 2 : top; level > 0; level--) {
         const struct pp_simd *t = table_if_supported(level);
         if (t)
             return t;

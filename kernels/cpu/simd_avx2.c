@@ -567,6 +567,7 @@ struct panel_src {
     const char *p[PP_MM_PANEL_ROWS];
     int64_t len[PP_MM_PANEL_ROWS];
     int n;
+    int64_t lines; /* cache lines of all the runs */
 };
 
 static void panel_src(struct panel_src *ps, const struct pp_mm_args *a, int64_t r, int64_t mc,
@@ -575,6 +576,7 @@ static void panel_src(struct panel_src *ps, const struct pp_mm_args *a, int64_t 
     enum pp_dtype dt = a->dtype;
     int64_t ue = pp__unit_elems(dt), ub = pp__unit_bytes(dt);
     ps->n = 0;
+    ps->lines = 0;
     for (int64_t g = 0; g < mc; g += PP_ROW_GROUP) {
         int64_t nr = mc - g < PP_ROW_GROUP ? mc - g : PP_ROW_GROUP;
         struct pp_row_group q = pp__row_group(dt, a->cols, a->grouped, nr);
@@ -590,6 +592,8 @@ static void panel_src(struct panel_src *ps, const struct pp_mm_args *a, int64_t 
                 ps->len[ps->n++] = (u1 - u0) * ub;
             }
     }
+    for (int i = 0; i < ps->n; i++)
+        ps->lines += (ps->len[i] + 63) / 64;
 }
 
 /* Asks for part part of parts of ps's lines (the runs one after another, cut into parts of equal
@@ -597,10 +601,7 @@ static void panel_src(struct panel_src *ps, const struct pp_mm_args *a, int64_t 
  * a few lines per micro-tile, and packing it then reads L2, not memory. */
 static void panel_src_prefetch(const struct panel_src *ps, int64_t part, int64_t parts)
 {
-    int64_t total = 0;
-    for (int i = 0; i < ps->n; i++)
-        total += (ps->len[i] + 63) / 64;
-    int64_t l0 = total * part / parts, l1 = total * (part + 1) / parts, base = 0;
+    int64_t l0 = ps->lines * part / parts, l1 = ps->lines * (part + 1) / parts, base = 0;
     for (int i = 0; i < ps->n && base < l1; i++) {
         int64_t lines = (ps->len[i] + 63) / 64;
         for (int64_t l = l0 > base ? l0 : base; l < base + lines && l < l1; l++)

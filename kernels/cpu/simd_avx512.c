@@ -30,7 +30,7 @@
  * 8 activation vectors for 24 FMAs. */
 #define MP 3
 #define MR (2 * MP)
-#define NR 8
+#define NR PP_MM_NR_MAX
 _Static_assert(MR % PP_ROW_GROUP == 0, "a micro-panel is whole row groups");
 _Static_assert(PP_MM_MC_AVX512 % MR == 0 && PP_MM_MC_AVX512 <= PP_MM_PANEL_ROWS,
                "a panel is whole micro-panels and fits the panel scratch");

@@ -42,12 +42,15 @@ struct pp_mm_tile {
 
 typedef void (*pp_mm_micro_fn)(const struct pp_mm_tile *m);
 
-/* A micro-kernel family: mr rows (a multiple of PP_ROW_GROUP) × up to nr tokens, fn[t] for t
- * tokens; panels of mc rows (a multiple of mr, at most PP_MM_PANEL_ROWS); passes of up to nc
- * tokens. */
+/* Tokens of the widest micro-tile (the AVX-512 one). */
+#define PP_MM_NR_MAX 8
+
+/* A micro-kernel family: mr rows (a multiple of PP_ROW_GROUP) × up to nr tokens (at most
+ * PP_MM_NR_MAX), fn[t] for t tokens; panels of mc rows (a multiple of mr, at most
+ * PP_MM_PANEL_ROWS); passes of up to nc tokens. */
 struct pp_mm_micro {
     int mr, nr, mc, nc;
-    pp_mm_micro_fn fn[9];
+    pp_mm_micro_fn fn[PP_MM_NR_MAX + 1];
 };
 
 /* The few-token nest (n <= PP_MM_DIRECT_MAX_TOKENS) on AVX2. */
