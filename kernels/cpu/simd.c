@@ -98,7 +98,8 @@ static const struct pp_simd *table_if_supported(int level)
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     if (level == 2)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512vl")
                    ? pp__simd_avx512()
                    : NULL;
     if (level == 1)

@@ -11,12 +11,13 @@
  *    tile of rows (row-major: 4 rows × tiles of up to 3 tokens, or 3 rows × up to 4; row groups: 3
  *    rows × up to 4, or 6 rows for one token) covers all n tokens before the next, with lane sums
  *    in scratch between blocks, so each weight byte comes from memory once per call and the
- *    block's activations stay in cache;
+ *    block's activations stay in cache (kernels/cpu/simd_x86_direct.h, which the AVX-512 table
+ *    builds again with its 32 registers and wider tiles);
  *  - more tokens (prefill, large microbatches): a panel of PP_MM_MC_MAX rows × PP_MM_KC elements
  *    is converted once into f32 scratch, then a register-blocked micro-kernel (3 rows × 4 tokens
  *    of accumulators) sweeps every token over it; partial lane sums live in scratch between
  *    reduction chunks. The nest takes its micro-kernel as a parameter: the AVX-512 table
- *    (kernels/cpu/simd_avx512.c) runs it with a wider one, and uses the few-token nest as is.
+ *    (kernels/cpu/simd_avx512.c) runs it with a wider one.
  * The two nests differ only in where operands come from, never in the order of the arithmetic,
  * so a token's result is the same alone or in any batch. */
 #include "kernels/cpu/simd.h"
@@ -36,247 +37,19 @@
 #include "kernels/cpu/cpu-impl.h"
 #include "kernels/cpu/row_groups.h"
 #include "kernels/cpu/simd_x86.h"
+#include "kernels/cpu/simd_x86_direct.h"
 
-#define AI static inline __attribute__((always_inline))
-
-/* Software prefetch in the few-token nest: the first token tile of a row group prefetches the same
- * lines of the row group PF_GROUPS ahead. Compile-time knobs for experiments (pp_bench_matmul);
- * on Zen 3 one group ahead into L1 was best, and without it the nest loses a third of its rate
- * (the hardware stream prefetch restarts on every row piece). */
-#ifndef PP_MM_DIRECT_PREFETCH
-#define PP_MM_DIRECT_PREFETCH 1
-#endif
-#ifndef PP_MM_DIRECT_PF_GROUPS
-#define PP_MM_DIRECT_PF_GROUPS 1
-#endif
-/* Weights in row groups are one stream per thread: prefetch this many bytes ahead in it, for one
- * or two tokens and for more (pp_bench_matmul --layout both, 1 thread, f16: at one token 2048
- * kept level with row-major rows where 4096 lost 8-11% and 8192 13%; at 4 tokens 4096 gained
- * 10-11% over row-major, 2048 4-10%; 512 lost at both). */
-#ifndef PP_MM_GROUPED_PF_FEW
-#define PP_MM_GROUPED_PF_FEW 2048
-#endif
-#ifndef PP_MM_GROUPED_PF_MORE
-#define PP_MM_GROUPED_PF_MORE 4096
-#endif
-/* Rows of a one-token tile over f32/f16/bf16 weights in row groups: 3 (one group, one stream) or
- * 6 (two; pp_bench_matmul --layout both, f16, one token, three rounds: 1.03-1.13 times row-major
- * rows on 1 thread against 1.00-1.01 with 3; Q8_0 did better with 3 and keeps it). */
-#ifndef PP_MM_GROUPED_ONE_ROWS
-#define PP_MM_GROUPED_ONE_ROWS 6
-#endif
 /* The many-token nest prefetches the weights of the panel it packs next while it computes with the
  * current one (a compile-time knob for experiments). */
 #ifndef PP_MM_PANEL_PREFETCH
 #define PP_MM_PANEL_PREFETCH 1
 #endif
-#ifndef PP_MM_PF_HINT
-#define PP_MM_PF_HINT _MM_HINT_T0
-#endif
 
-
-AI float q8_scale(const uint8_t *block)
-{
-    uint16_t h;
-    memcpy(&h, block, 2);
-    return _cvtsh_ss(h);
-}
-
-AI __m256 ld_q8(const uint8_t *q, __m256 d)
-{
-    __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), d); /* d·q is exact in f32 */
-}
-
-/* Eight weights [k, k+8) of a row as f32 (k a multiple of 8, within the row's whole units), the
- * row's units (kernels/cpu/row_groups.h) starting at row, ustride bytes apart. */
-AI __m256 ld_w(const char *row, enum pp_dtype dt, int64_t k, int64_t ustride)
-{
-    switch (dt) {
-    case PP_DTYPE_F32: return _mm256_loadu_ps((const float *)(row + k / 8 * ustride));
-    case PP_DTYPE_F16:
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + k / 8 * ustride)));
-    case PP_DTYPE_BF16: {
-        const __m128i *h = (const __m128i *)(row + k / 8 * ustride);
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(h));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    }
-    default: {
-        const uint8_t *b = (const uint8_t *)row + (k / PP_Q8_0_BLOCK) * ustride;
-        return ld_q8(b + 2 + k % PP_Q8_0_BLOCK, _mm256_set1_ps(q8_scale(b)));
-    }
-    }
-}
-
-/* A row's short last unit of rem (< 8) weights stored at p, zero-padded to eight (never Q8_0,
- * whose rows are whole blocks). */
-static __m256 ld_w_tail(const char *p, enum pp_dtype dt, int64_t rem)
-{
-    float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    pp_row_to_f32(buf, p, dt, rem);
-    return _mm256_loadu_ps(buf);
-}
-
-/* --- few tokens: weights straight from memory ------------------------------------------------- */
-
-/* Where one direct tile's operands are, for one block [k0, k0 + kl) of the reduction. */
-struct dtile {
-    const char *w;      /* the first byte of the tile's rows (a row group when grouped) */
-    int64_t grp_off;    /* bytes from one group of 3 of the tile's rows to the next */
-    struct pp_row_group g; /* where a group's rows keep their units */
-    int64_t pf_row;     /* bytes between the lines one pass prefetches for its rows */
-    const float *x;     /* activations of token 0 of the tile; tokens ldx apart */
-    int64_t ldx;
-    int64_t k0;         /* first element of the block (a multiple of PP_MM_DIRECT_KB_ALIGN) */
-    int64_t full;       /* whole 8-element steps of the block, in elements */
-    int64_t rem;        /* elements of the zero-padded last step (last block only), 0 if none */
-    float *acc;         /* lane sums of (row i, token j) at acc + i * lda + j * 8 */
-    int64_t lda;
-    int first, last;    /* first block: start from zero; last: merge into y */
-    float *y;           /* y of (row 0, token 0); token j, row i at y + j * ldy + i */
-    int64_t ldy;
-    int64_t pf;         /* bytes from a weight to the one to prefetch alongside it; 0: none */
-    const char *pf_end; /* row groups: a prefetch at or past here goes pf_wrap further, into the
-                         * piece of weights read next; NULL (row-major): pf is exact */
-    int64_t pf_wrap;
-};
-
-/* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
-AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
-{
-    const char *rowp[6];
-    const float *xp[4];
-    __m256 acc[6][4];
-    _Pragma("GCC unroll 6")
-    for (int i = 0; i < MR; i++)
-        rowp[i] = m->w + i / 3 * m->grp_off + i % 3 * m->g.row_off;
-    _Pragma("GCC unroll 4")
-    for (int j = 0; j < NT; j++)
-        xp[j] = m->x + j * m->ldx;
-    _Pragma("GCC unroll 6")
-    for (int i = 0; i < MR; i++)
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NT; j++)
-            acc[i][j] = m->first ? _mm256_setzero_ps()
-                                 : _mm256_loadu_ps(m->acc + i * m->lda + j * 8);
-    int64_t k0 = m->k0, kend = m->k0 + m->full;
-    if (dt == PP_DTYPE_Q8_0) {
-        /* one scale per row per 32-element block, four steps under it */
-        for (int64_t k = k0; k < kend; k += PP_Q8_0_BLOCK) {
-            __m256 d[6];
-            const uint8_t *blk[6];
-            _Pragma("GCC unroll 6")
-            for (int i = 0; i < MR; i++) {
-                blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * m->g.unit_stride;
-                if (m->pf) {
-                    const char *pb = (const char *)blk[i] + m->pf;
-                    _mm_prefetch(m->pf_end && pb >= m->pf_end ? pb + m->pf_wrap : pb,
-                                 PP_MM_PF_HINT);
-                }
-                d[i] = _mm256_set1_ps(q8_scale(blk[i]));
-            }
-            _Pragma("GCC unroll 4")
-            for (int s = 0; s < PP_Q8_0_BLOCK; s += 8) {
-                __m256 wv[6];
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++)
-                    wv[i] = ld_q8(blk[i] + 2 + s, d[i]);
-                _Pragma("GCC unroll 4")
-                for (int j = 0; j < NT; j++) {
-                    __m256 xv = _mm256_loadu_ps(xp[j] + k + s);
-                    _Pragma("GCC unroll 6")
-                    for (int i = 0; i < MR; i++)
-                        acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-                }
-            }
-        }
-    } else {
-        int64_t k = k0, us = m->g.unit_stride;
-        /* 32 elements (one or two cache lines of each row) per pass, prefetching the same lines
-         * of the rows that come next */
-        for (; k + 32 <= kend; k += 32) {
-            if (m->pf) {
-                const char *pl = m->w + k / 8 * us + m->pf;
-                if (m->pf_end && pl >= m->pf_end)
-                    pl += m->pf_wrap;
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++) {
-                    const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
-                    _mm_prefetch(pi, PP_MM_PF_HINT);
-                    if (dt == PP_DTYPE_F32)
-                        _mm_prefetch(pi + 64, PP_MM_PF_HINT);
-                }
-            }
-            _Pragma("GCC unroll 4")
-            for (int s = 0; s < 32; s += 8) {
-                __m256 wv[6];
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++)
-                    wv[i] = ld_w(rowp[i], dt, k + s, us);
-                _Pragma("GCC unroll 4")
-                for (int j = 0; j < NT; j++) {
-                    __m256 xv = _mm256_loadu_ps(xp[j] + k + s);
-                    _Pragma("GCC unroll 6")
-                    for (int i = 0; i < MR; i++)
-                        acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-                }
-            }
-        }
-        for (; k < kend; k += 8) {
-            __m256 wv[6];
-            _Pragma("GCC unroll 6")
-            for (int i = 0; i < MR; i++)
-                wv[i] = ld_w(rowp[i], dt, k, us);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++) {
-                __m256 xv = _mm256_loadu_ps(xp[j] + k);
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++)
-                    acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-            }
-        }
-        if (m->rem) {
-            __m256i mk = pp__tail_mask_avx(m->rem);
-            __m256 wv[6];
-            _Pragma("GCC unroll 6")
-            for (int i = 0; i < MR; i++)
-                wv[i] = ld_w_tail(m->w + kend / 8 * us + i / 3 * m->grp_off + i % 3 * m->g.tail_off,
-                                  dt, m->rem);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++) {
-                __m256 xv = _mm256_maskload_ps(xp[j] + kend, mk);
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++)
-                    acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-            }
-        }
-    }
-    if (m->last) {
-        _Pragma("GCC unroll 6")
-        for (int i = 0; i < MR; i++)
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++)
-                m->y[j * m->ldy + i] = pp__merge8_avx(acc[i][j]);
-    } else {
-        _Pragma("GCC unroll 6")
-        for (int i = 0; i < MR; i++)
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++)
-                _mm256_storeu_ps(m->acc + i * m->lda + j * 8, acc[i][j]);
-    }
-}
-
-typedef void (*dtile_fn)(const struct dtile *m);
-
-/* One function per dtype × MR × NT (MR·NT <= 12 and MR·NT + MR + 1 <= 16 or nearly: the
- * accumulators, MR weights and one activation fit the 16 ymm registers). */
-#define DTILE(name, dt, mr, nt)                                                                    \
-    __attribute__((noinline)) static void dtile_##name##_##mr##x##nt(const struct dtile *m)       \
-    {                                                                                              \
-        dtile_run(m, dt, mr, nt);                                                                  \
-    }
-#define DTILE_MR(name, dt, mr)                                                                     \
-    DTILE(name, dt, mr, 1) DTILE(name, dt, mr, 2) DTILE(name, dt, mr, 3) DTILE(name, dt, mr, 4)
+/* The few-token tiles (kernels/cpu/simd_x86_direct.h) that fit the 16 ymm registers: MR·NT <= 12
+ * and MR·NT + MR + 1 <= 16 or nearly (the accumulators, MR weights and one activation). Weights in
+ * row groups take one token two groups at a time, 6 rows (pp_bench_matmul --layout both, f16, one
+ * token, three rounds on Zen 3: 1.03-1.13 times row-major rows on 1 thread against 1.00-1.01 with
+ * 3 rows); two or more tokens would not fit the registers. */
 #define DTILE_DT(name, dt)                                                                         \
     DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) DTILE(name, dt, 4, 1)       \
     DTILE(name, dt, 4, 2) DTILE(name, dt, 4, 3) DTILE(name, dt, 6, 1)
@@ -284,9 +57,6 @@ DTILE_DT(f32, PP_DTYPE_F32)
 DTILE_DT(f16, PP_DTYPE_F16)
 DTILE_DT(bf16, PP_DTYPE_BF16)
 DTILE_DT(q8_0, PP_DTYPE_Q8_0)
-#define DTILE_ROW(name, mr)                                                                        \
-    {NULL, dtile_##name##_##mr##x1, dtile_##name##_##mr##x2, dtile_##name##_##mr##x3,             \
-     dtile_##name##_##mr##x4}
 #define DTILE_TABLE(name)                                                                          \
     {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
      {NULL, dtile_##name##_4x1, dtile_##name##_4x2, dtile_##name##_4x3, NULL},                    \
@@ -296,111 +66,10 @@ DTILE_DT(q8_0, PP_DTYPE_Q8_0)
 static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16),
                                          DTILE_TABLE(q8_0)};
 
-/* Stored bytes of kb elements of a row (kb a multiple of PP_MM_DIRECT_KB_ALIGN). */
-static int64_t block_bytes(enum pp_dtype dt, int64_t kb)
-{
-    if (dt == PP_DTYPE_Q8_0)
-        return kb / PP_Q8_0_BLOCK * PP_Q8_0_BYTES;
-    return kb * (dt == PP_DTYPE_F32 ? 4 : 2);
-}
-
-static int dtype_index(enum pp_dtype dt)
-{
-    switch (dt) {
-    case PP_DTYPE_F32: return 0;
-    case PP_DTYPE_F16: return 1;
-    case PP_DTYPE_BF16: return 2;
-    default: return 3;
-    }
-}
-
-/* The few-token nest. The reduction is cut into blocks of kb elements whose activations (n × kb
- * floats, at most PP_MM_DIRECT_KB_FLOATS) stay in cache while every row of a super-block of rows
- * (the thread's chunk) passes over them, each row group covering all n tokens before the next; the
- * lane sums of (row, token) wait in scratch between blocks, which continues each lane's chain
- * exactly. So each weight byte is read from memory once per call whatever n, and the activations
- * come from cache. Rows go in groups of 4 with token tiles of up to 3, or of 3 with tiles of up to
- * 4, whichever needs fewer loads per FMA for this n (counted for n <= 12); weights in row groups
- * always go in their groups of 3. */
 void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s)
 {
-    const dtile_fn *tab = &dtiles[dtype_index(a->dtype)][0][0];
-    int64_t n = a->n, cols = a->cols;
-    if (n <= 0)
-        return;
-    /* row group and token tiles: MR = 3 with tiles of 4 when that takes fewer loads; weights in
-     * row groups take one token two groups at a time (two streams), but for Q8_0, whose
-     * conversion is the bound */
-    int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
-    if (a->grouped && n == 1 && a->dtype != PP_DTYPE_Q8_0)
-        mr = PP_MM_GROUPED_ONE_ROWS;
-    int ntmax = mr == 4 ? 3 : 4;
-    int64_t n_tiles = (n + ntmax - 1) / ntmax;
-    int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
-    if (kb < PP_MM_DIRECT_KB_ALIGN)
-        kb = PP_MM_DIRECT_KB_ALIGN;
-    /* super-blocks in whole row groups of 3 and of 4 */
-    int64_t sb = PP_MM_ACC_CAP / (n * 8) / 12 * 12;
-    if (kb >= cols) /* one block: no lane sums in scratch, any number of rows */
-        sb = r1 - r0;
-    for (int64_t rs = r0; rs < r1; rs += sb) {
-        int64_t rs1 = r1 - rs < sb ? r1 : rs + sb;
-        struct dtile m;
-        m.pf_row = a->grouped ? (a->dtype == PP_DTYPE_F32 ? 128 : 64) : a->row_bytes;
-        m.ldx = cols;
-        m.lda = n * 8;
-        m.ldy = a->rows;
-        for (int64_t k0 = 0; k0 < cols; k0 += kb) {
-            int64_t kl = cols - k0 < kb ? cols - k0 : kb;
-            m.k0 = k0;
-            m.full = kl & ~(int64_t)7;
-            m.rem = kl - m.full;
-            m.first = k0 == 0;
-            m.last = k0 + kl == cols;
-            for (int64_t r = rs, rows; r < rs1; r += rows) {
-                rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
-                if (a->grouped && rows > PP_ROW_GROUP && rows < mr)
-                    rows = PP_ROW_GROUP; /* a tile's groups are whole but maybe the last */
-                m.g = pp__row_group(a->dtype, cols, a->grouped,
-                                    rows > PP_ROW_GROUP ? PP_ROW_GROUP : rows);
-                m.w = (const char *)a->w + r * a->row_bytes;
-                m.grp_off = PP_ROW_GROUP * a->row_bytes;
-                /* the first token tile prefetches the next row group's lines of this block, or
-                 * after the last group the first group's lines of the next block, if any */
-                int64_t pr = r + PP_MM_DIRECT_PF_GROUPS * rows, pf = (pr - r) * a->row_bytes;
-                if (pr >= rs1) /* nothing to prefetch after the last block: the thread's next
-                                  * rows are not known here */
-                    pf = k0 + kl < cols ? (pr - (rs1 - rs) - r) * a->row_bytes +
-                                              block_bytes(a->dtype, kb)
-                                        : 0;
-                m.pf_end = NULL;
-                if (a->grouped) {
-                    /* one stream: a fixed distance ahead, past this group's piece of the block
-                     * into the piece read next (the next group's, or the first group's of the
-                     * next block) */
-                    int64_t ue = pp__unit_elems(a->dtype), full_us = PP_ROW_GROUP * m.g.row_off;
-                    const char *next =
-                        r + rows < rs1 ? m.w + rows * a->row_bytes + k0 / ue * full_us
-                                     : (const char *)a->w + rs * a->row_bytes +
-                                           (k0 + kl) / ue * full_us;
-                    pf = n <= 2 ? PP_MM_GROUPED_PF_FEW : PP_MM_GROUPED_PF_MORE;
-                    m.pf_end = m.w + (k0 + kl) / ue * m.g.unit_stride;
-                    m.pf_wrap = r + rows < rs1 || k0 + kl < cols ? next - m.pf_end : 0;
-                }
-                for (int64_t t = 0, ti = 0; t < n; ti++) {
-                    /* tiles as even as possible: the first n % n_tiles get one more token */
-                    int nt = (int)(n / n_tiles + (ti < n % n_tiles));
-                    m.pf = ti == 0 && PP_MM_DIRECT_PREFETCH ? pf : 0;
-                    m.x = a->x + t * cols;
-                    m.acc = s->acc + ((r - rs) * n + t) * 8;
-                    m.y = a->y + t * a->rows + r;
-                    tab[rows * 5 + nt](&m);
-                    t += nt;
-                }
-            }
-        }
-    }
+    pp__mm_direct(a, r0, r1, s, dtiles, 1);
 }
 
 /* --- many tokens: packed panels and the register-blocked micro-kernel ------------------------- */

@@ -1,20 +1,21 @@
-/* AVX-512 inner loops of the CPU backend, for CPUs that have AVX-512F and DQ besides AVX2, FMA
+/* AVX-512 inner loops of the CPU backend, for CPUs that have AVX-512F, DQ and VL besides AVX2, FMA
  * and F16C. A zmm register holds two output elements' eight lanes side by side, two rows of one
  * token, so each lane keeps the canonical chain of pp__dot (kernels/cpu/cpu-impl.h): the
  * arithmetic and its order are those of the AVX2 loops, only twice as many chains advance per
  * instruction. The many-token micro-kernel is 6 rows × 8 tokens (24 zmm accumulators) over the
- * packed f32 panels of the AVX2 nest; the few-token nest, whose rate the weights' conversion and
- * the memory set, and the other loops are the AVX2 ones. */
+ * packed f32 panels of the AVX2 nest. The few-token nest is the AVX2 one
+ * (kernels/cpu/simd_x86_direct.h), built here with 32 ymm registers so that its tiles over 2-20
+ * tokens read two row groups at once; the other loops are the AVX2 ones. */
 #include "kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512dq"))),           \
-                             apply_to = function)
+#pragma clang attribute push(                                                                     \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512dq,avx512vl"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512dq")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512dq,avx512vl")
 #endif
 
 #include <immintrin.h>
@@ -22,8 +23,7 @@
 
 #include "kernels/cpu/row_groups.h"
 #include "kernels/cpu/simd_x86.h"
-
-#define AI static inline __attribute__((always_inline))
+#include "kernels/cpu/simd_x86_direct.h"
 
 /* Rows (in pairs, one zmm each) and tokens of the micro-tile: 3 × 8 accumulators + 3 weight
  * registers + one activation register of the 32. Each step loads 3 weight vectors and broadcasts
@@ -132,10 +132,31 @@ static const struct pp_mm_micro micro_avx512 = {
     MR, NR, PP_MM_MC_AVX512, PP_MM_NC_AVX512,
     {NULL, micro1, micro2, micro3, micro4, micro5, micro6, micro7, micro8}};
 
+/* Few-token tiles over weights in row groups: 6 rows (two groups, so two streams of weights) for 2
+ * to 20 tokens in tiles of up to 4, which AVX-512VL's 32 ymm registers hold (24 accumulators, 6
+ * weights, 1 activation); the 1-3 row tiles take the rows left over. One thread, f16, from memory
+ * (pp_bench_matmul --tokens 1,2,3,4,6,8,12,16,20, PP_SIMD=avx2 and avx512 in alternation, two
+ * rounds), GB/s with the AVX2 tiles (one group, one stream) against these: 2 tokens 12.7-12.8 →
+ * 15.1-15.5, 3: 12.5-12.7 → 14.4-14.5, 4: 12.2 → 14.4, 6: 8.1 → 9.1, 8: 7.1-7.2 → 8.3-8.5, 20:
+ * 3.5 → 3.8. One token takes the AVX2 nest (its 6-row tile built here ran 15.5-15.7 against
+ * 16.5-17.1: GCC keeps integer values in vector registers in its loop), and so does Q8_0, whose
+ * conversion is the bound (6-row tiles: 7.6 against 9.3 GB/s at 2 tokens, 6.6 against 7.1 at 4). */
+#define DTILE_DT(name, dt)                                                                         \
+    DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) DTILE_MR(name, dt, 6)
+DTILE_DT(f32, PP_DTYPE_F32)
+DTILE_DT(f16, PP_DTYPE_F16)
+DTILE_DT(bf16, PP_DTYPE_BF16)
+#define DTILE_TABLE(name)                                                                          \
+    {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
+     {NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 6)}
+static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16)};
+
 static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                const struct pp_mm_scratch *s)
 {
-    if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
+    if (a->grouped && a->n >= 2 && a->n <= PP_MM_DIRECT_MAX_TOKENS && a->dtype != PP_DTYPE_Q8_0)
+        pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS);
+    else if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct_avx2(a, r0, r1, s);
     else
         pp__mm_packed_avx2(a, r0, r1, s, &micro_avx512);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/row_groups.h"
 #include "kernels/cpu/simd.h"
 #include "testutil.h"
 
@@ -165,7 +166,8 @@ static void test_exp_shift_match(void **state)
 }
 
 /* One random matmul through both tables: the same bits, and each element equal to pp__dot of the
- * exactly converted weight row. */
+ * exactly converted weight row; the fast table also from the weights in row groups, as the backend
+ * stores them, in chunks of whole groups. */
 static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n,
                              int64_t chunk, unsigned *seed)
 {
@@ -207,6 +209,17 @@ static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64
     if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
         fail_msg("matmul_rows %s [%lld,%lld] n=%lld: %s and portable differ", pp_dtype_name(dt),
                  (long long)rows, (long long)cols, (long long)n, fast->name);
+    char *wg = malloc((size_t)(rows * rb));
+    pp__row_groups_pack(wg, w, dt, rows, cols);
+    struct pp_mm_args g = {y1, x, wg, dt, rows, cols, n, rb, 1};
+    int64_t gchunk = (chunk + PP_ROW_GROUP - 1) / PP_ROW_GROUP * PP_ROW_GROUP;
+    memset(y1, 0, sizeof(float) * (size_t)(n * rows));
+    for (int64_t r = 0; r < rows; r += gchunk)
+        fast->matmul_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
+    if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
+        fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups: %s and portable differ",
+                 pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, fast->name);
+    free(wg);
     for (int64_t r = 0; r < rows; r++) {
         pp_row_to_f32(row, w + r * rb, dt, cols);
         for (int64_t t = 0; t < n; t++) {
@@ -254,10 +267,11 @@ static void test_matmul_rows_match(void **state)
         }
 }
 
-/* The few-token nest for every n it serves and a little beyond (1..24): n picks the row group (4 or
- * 3 rows) and the token tiles, and the reduction block (PP_MM_DIRECT_KB_FLOATS / n elements), so
- * cols are taken below, at and above one block and two, ragged (not a multiple of 8 or 32) where
- * the dtype allows; rows not a multiple of either group, in chunks of rows as threads take them. */
+/* The few-token nest for every n it serves and a little beyond (1..24): n picks the row tile (4, 3
+ * or 6 rows: one or two row groups) and the token tiles, and the reduction block
+ * (PP_MM_DIRECT_KB_FLOATS / n elements), so cols are taken below, at and above one block and two,
+ * ragged (not a multiple of 8 or 32) where the dtype allows; rows not a multiple of any tile, in
+ * chunks of rows as threads take them. */
 static void test_direct_all_token_counts(void **state)
 {
     (void)state;
@@ -269,8 +283,6 @@ static void test_direct_all_token_counts(void **state)
             const int64_t cols_list[] = {37, 261, kb, kb + 13, 2 * kb + 45};
             for (int c = 0; c < 5; c++) {
                 int64_t cols = cols_list[c];
-                if (cols > 20000) /* n = 1, 2: the one-block case is covered above */
-                    continue;
                 if (dts[d] == PP_DTYPE_Q8_0)
                     cols = (cols + PP_Q8_0_BLOCK - 1) / PP_Q8_0_BLOCK * PP_Q8_0_BLOCK;
                 int64_t rows = 7 + (n + c) % 9; /* 7..15 */
