@@ -4,8 +4,8 @@
  * arithmetic and its order are those of the AVX2 loops, only twice as many chains advance per
  * instruction. The many-token micro-kernel is 6 rows × 8 tokens (24 zmm accumulators) over the
  * packed f32 panels of the AVX2 nest. The few-token nest is the AVX2 one
- * (kernels/cpu/simd_x86_direct.h), built here with 32 ymm registers so that its tiles over 2-20
- * tokens read two row groups at once; the other loops are the AVX2 ones. */
+ * (kernels/cpu/simd_x86_direct.h) built here, with a 6-row tile of zmm row pairs that reads two row
+ * groups at once for 2-20 tokens; the other loops are the AVX2 ones. */
 #include "kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -132,23 +132,167 @@ static const struct pp_mm_micro micro_avx512 = {
     MR, NR, PP_MM_MC_AVX512, PP_MM_NC_AVX512,
     {NULL, micro1, micro2, micro3, micro4, micro5, micro6, micro7, micro8}};
 
-/* Few-token tiles over weights in row groups: 6 rows (two groups, so two streams of weights) for 2
- * to 20 tokens in tiles of up to 4, which AVX-512VL's 32 ymm registers hold (24 accumulators, 6
- * weights, 1 activation); the 1-3 row tiles take the rows left over. One thread, f16, from memory
- * (pp_bench_matmul --tokens 1,2,3,4,6,8,12,16,20, PP_SIMD=avx2 and avx512 in alternation, two
- * rounds), GB/s with the AVX2 tiles (one group, one stream) against these: 2 tokens 12.7-12.8 →
- * 15.1-15.5, 3: 12.5-12.7 → 14.4-14.5, 4: 12.2 → 14.4, 6: 8.1 → 9.1, 8: 7.1-7.2 → 8.3-8.5, 20:
- * 3.5 → 3.8. One token takes the AVX2 nest (its 6-row tile built here ran 15.5-15.7 against
- * 16.5-17.1: GCC keeps integer values in vector registers in its loop), and so does Q8_0, whose
- * conversion is the bound (6-row tiles: 7.6 against 9.3 GB/s at 2 tokens, 6.6 against 7.1 at 4). */
+/* --- few tokens: two row groups in zmm pairs ------------------------------------------------- */
+
+/* Eight weights of each of two rows as one zmm, the unit at lo in the low half and the unit at hi
+ * in the high half. */
+AI __m512 ld_pair(const char *lo, const char *hi, enum pp_dtype dt)
+{
+    if (dt == PP_DTYPE_F32)
+        return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)lo)),
+                                  _mm256_loadu_ps((const float *)hi), 1);
+    __m128i l = _mm_loadu_si128((const __m128i *)lo);
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(l),
+                                        _mm_loadu_si128((const __m128i *)hi), 1);
+    if (dt == PP_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The same for two rows whose units are adjacent (row lo's unit then row hi's, at p). */
+AI __m512 ld_pair_run(const char *p, enum pp_dtype dt)
+{
+    if (dt == PP_DTYPE_F32)
+        return _mm512_loadu_ps((const float *)p);
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (dt == PP_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Two 8-lane vectors as the halves of one zmm, and back. */
+AI __m512 join8(const float *lo, const float *hi)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(lo)), _mm256_loadu_ps(hi), 1);
+}
+
+AI void split8(float *lo, float *hi, __m512 v)
+{
+    _mm256_storeu_ps(lo, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(hi, _mm512_extractf32x8_ps(v, 1));
+}
+
+/* The few-token tile of 6 rows (two whole row groups, A and B = A + grp_off) × NT tokens over f32,
+ * f16 or bf16 weights in row groups: rows in pairs (0,1), (2,3), (4,5), one zmm each, whose halves
+ * are the eight lanes of the two rows, so that one conversion and one FMA serve two rows; pairs
+ * (0,1) and (4,5) are one run of a group's unit, pair (2,3) takes row 2 from A and row 3 from B.
+ * Every lane runs the same chain as in dtile_run (kernels/cpu/simd_x86_direct.h). */
+AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT)
+{
+    const float *xp[4];
+    __m512 acc[3][4];
+    int64_t us = m->g.unit_stride, ub = m->g.row_off, go = m->grp_off;
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NT; j++)
+        xp[j] = m->x + j * m->ldx;
+    _Pragma("GCC unroll 3")
+    for (int q = 0; q < 3; q++)
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++)
+            acc[q][j] = m->first ? _mm512_setzero_ps()
+                                 : join8(m->acc + 2 * q * m->lda + j * 8,
+                                         m->acc + (2 * q + 1) * m->lda + j * 8);
+    int64_t k = m->k0, kend = m->k0 + m->full;
+    const char *wk = m->w + k / 8 * us;
+    for (; k + 32 <= kend; k += 32, wk += 4 * us) {
+        if (m->pf) {
+            const char *pl = wk + m->pf;
+            if (m->pf_end && pl >= m->pf_end)
+                pl += m->pf_wrap;
+            _Pragma("GCC unroll 6")
+            for (int i = 0; i < 6; i++) {
+                const char *pi = pl + i / 3 * go + i % 3 * m->pf_row;
+                _mm_prefetch(pi, PP_MM_PF_HINT);
+                if (dt == PP_DTYPE_F32)
+                    _mm_prefetch(pi + 64, PP_MM_PF_HINT);
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int s = 0; s < 4; s++) {
+            const char *a = wk + s * us, *b = a + go;
+            __m512 w0 = ld_pair_run(a, dt), w1 = ld_pair(a + 2 * ub, b, dt),
+                   w2 = ld_pair_run(b + ub, dt);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++) {
+                __m512 xv = dup8(xp[j] + k + s * 8);
+                acc[0][j] = _mm512_fmadd_ps(w0, xv, acc[0][j]);
+                acc[1][j] = _mm512_fmadd_ps(w1, xv, acc[1][j]);
+                acc[2][j] = _mm512_fmadd_ps(w2, xv, acc[2][j]);
+            }
+        }
+    }
+    for (; k < kend; k += 8, wk += us) {
+        __m512 w0 = ld_pair_run(wk, dt), w1 = ld_pair(wk + 2 * ub, wk + go, dt),
+               w2 = ld_pair_run(wk + go + ub, dt);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++) {
+            __m512 xv = dup8(xp[j] + k);
+            acc[0][j] = _mm512_fmadd_ps(w0, xv, acc[0][j]);
+            acc[1][j] = _mm512_fmadd_ps(w1, xv, acc[1][j]);
+            acc[2][j] = _mm512_fmadd_ps(w2, xv, acc[2][j]);
+        }
+    }
+    if (m->rem) {
+        __m256i mk = pp__tail_mask_avx(m->rem);
+        __m256 t[6];
+        _Pragma("GCC unroll 6")
+        for (int i = 0; i < 6; i++)
+            t[i] = ld_w_tail(m->w + kend / 8 * us + i / 3 * go + i % 3 * m->g.tail_off, dt,
+                             m->rem);
+        __m512 w[3];
+        _Pragma("GCC unroll 3")
+        for (int q = 0; q < 3; q++)
+            w[q] = _mm512_insertf32x8(_mm512_castps256_ps512(t[2 * q]), t[2 * q + 1], 1);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++) {
+            __m512 xv = _mm512_broadcast_f32x8(_mm256_maskload_ps(xp[j] + kend, mk));
+            _Pragma("GCC unroll 3")
+            for (int q = 0; q < 3; q++)
+                acc[q][j] = _mm512_fmadd_ps(w[q], xv, acc[q][j]);
+        }
+    }
+    _Pragma("GCC unroll 3")
+    for (int q = 0; q < 3; q++)
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++) {
+            if (m->last) {
+                __m128 v = merge8x2(acc[q][j]);
+                m->y[j * m->ldy + 2 * q] = _mm_cvtss_f32(v);
+                m->y[j * m->ldy + 2 * q + 1] = _mm_cvtss_f32(_mm_movehl_ps(v, v));
+            } else
+                split8(m->acc + 2 * q * m->lda + j * 8, m->acc + (2 * q + 1) * m->lda + j * 8,
+                       acc[q][j]);
+        }
+}
+
+#define ZTILE(name, dt, nt)                                                                        \
+    __attribute__((noinline)) static void ztile_##name##_##nt(const struct dtile *m)              \
+    {                                                                                              \
+        ztile_run(m, dt, nt);                                                                      \
+    }
+/* n >= 2 tokens never leaves a tile of one (tiles of up to 4, as even as possible) */
+#define ZTILE_DT(name, dt) ZTILE(name, dt, 2) ZTILE(name, dt, 3) ZTILE(name, dt, 4)
+
+/* Few-token tiles over weights in row groups: two whole groups (6 rows, two streams of weights) as
+ * zmm pairs (ztile_run) for 2 to 20 tokens in tiles of up to 4; the 1-3 row ymm tiles of the
+ * shared nest take the rows left over. One thread from memory (pp_bench_matmul --dtypes
+ * f16,bf16,f32 --tokens 1,2,3,4,6,8,12,20, PP_SIMD=avx2 and avx512 in alternation, two rounds),
+ * GB/s with the AVX2 tiles (3 rows, one stream) against these, f16: 2 tokens 12.3-13.5 →
+ * 15.6-15.9, 4: 12.2-12.3 → 15.7-15.8, 8: 7.2 → 9.9, 20: 3.5 → 4.8; bf16 at 4: 12.1-12.3 → 15.3;
+ * f32 at 4: 12.6-13.0 → 15.4-15.6. With its weights in L2 (--row-div 64) f16 at 4 tokens runs
+ * 26.0 GB/s against 21.1. The same nest with 6-row ymm tiles (24 ymm accumulators) gave 14.4 at 4
+ * tokens. One token takes the AVX2 nest, which streams as fast as memory allows (the zmm tile:
+ * 15.6-16.0 GB/s against 16.6-16.9 on one thread), and so does Q8_0, whose conversion is the bound
+ * (6-row ymm tiles: 7.6 against 9.3 GB/s at 2 tokens, 6.6 against 7.1 at 4). */
 #define DTILE_DT(name, dt)                                                                         \
-    DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) DTILE_MR(name, dt, 6)
+    DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) ZTILE_DT(name, dt)
 DTILE_DT(f32, PP_DTYPE_F32)
 DTILE_DT(f16, PP_DTYPE_F16)
 DTILE_DT(bf16, PP_DTYPE_BF16)
 #define DTILE_TABLE(name)                                                                          \
     {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
-     {NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 6)}
+     {NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL},                               \
+     {NULL, NULL, ztile_##name##_2, ztile_##name##_3, ztile_##name##_4}}
 static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16)};
 
 static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,
