@@ -13,9 +13,23 @@ static void cpu_free(struct pp_backend *be)
         pp_threadpool_free(c->pool);
         for (int s = 0; s < PP_CPU_SCRATCH_COUNT; s++)
             pp_free(PP_MEM_ACTIVATIONS, c->scratch[s]);
+        pp_free(PP_MEM_ACTIVATIONS, c->x_padded);
         pp_free(PP_MEM_MISC, c);
     }
     pp_free(PP_MEM_MISC, be);
+}
+
+static int x_padded_reserve(struct pp_cpu *c, int64_t n)
+{
+    if (n <= c->x_padded_cap)
+        return 0;
+    float *p = pp_alloc_aligned(PP_MEM_ACTIVATIONS, (size_t)n * sizeof(float));
+    if (!p)
+        return -1;
+    pp_free(PP_MEM_ACTIVATIONS, c->x_padded);
+    c->x_padded = p;
+    c->x_padded_cap = n;
+    return 0;
 }
 
 static pp_status cpu_reserve(struct pp_backend *be, int64_t max_cols, int64_t max_context)
@@ -30,7 +44,8 @@ static pp_status cpu_reserve(struct pp_backend *be, int64_t max_cols, int64_t ma
         pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_PARTS,
                                 pp__cpu_attn_parts(max_cols, max_context)) != 0 ||
         pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_PANEL, PP_MM_PANEL_ROWS * PP_MM_KC) != 0 ||
-        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_ACC, PP_MM_ACC_CAP) != 0)
+        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_ACC, PP_MM_ACC_CAP) != 0 ||
+        x_padded_reserve(c, pp__cpu_x_padded_floats(max_cols)) != 0)
         return pp_error(PP_ERR_NOMEM, "cpu backend: no memory for scratch (%lld cols, %lld positions)",
                         (long long)max_cols, (long long)max_context);
     c->max_cols = max_cols;

@@ -27,7 +27,17 @@ struct pp_cpu {
     int64_t max_context; /* as reserved */
     float *scratch[PP_CPU_SCRATCH_COUNT]; /* [n_threads, cap[slot]] */
     int64_t cap[PP_CPU_SCRATCH_COUNT];
+    float *x_padded;      /* the many-token matmul's activations, rows padded (kernels/cpu/matmul.c) */
+    int64_t x_padded_cap; /* floats */
 };
+
+/* Tokens per slice of a many-token matmul whose activation rows are copied to a padded stride
+ * (kernels/cpu/matmul.c), and the floats its buffer needs for rows of up to max_cols. */
+#define PP_MM_X_PADDED_TOKENS 128
+static inline int64_t pp__cpu_x_padded_floats(int64_t max_cols)
+{
+    return PP_MM_X_PADDED_TOKENS * (max_cols + 16);
+}
 
 /* exp(x) in float, one fixed sequence of correctly rounded operations, which the AVX2 loops
  * (kernels/cpu/simd_avx2.c, exp8) repeat lane by lane, so both paths give the same bits: x is

@@ -23,7 +23,7 @@ static void matmul_rows_portable(const struct pp_mm_args *a, int64_t r0, int64_t
         else
             pp_row_to_f32(s->row, src, a->dtype, a->cols);
         for (int64_t t = 0; t < a->n; t++)
-            a->y[t * a->rows + r] = pp__dot(wr, a->x + t * a->cols, a->cols);
+            a->y[t * a->rows + r] = pp__dot(wr, a->x + t * a->ldx, a->cols);
     }
 }
 

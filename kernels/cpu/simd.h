@@ -67,7 +67,8 @@
 /* One matmul y[n, rows] = x[n, cols] · wᵀ as the inner loops see it. */
 struct pp_mm_args {
     float *y;          /* [n, rows] */
-    const float *x;    /* [n, cols] */
+    const float *x;    /* [n, cols], token t's row at x + t * ldx */
+    int64_t ldx;       /* floats from one token's activations to the next's, >= cols */
     const void *w;     /* [rows, cols] stored as dtype */
     enum pp_dtype dtype;
     int64_t rows;

@@ -300,7 +300,7 @@ void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                 int64_t kl = cols - k0 < PP_MM_KC ? cols - k0 : PP_MM_KC;
                 int64_t steps = (kl + 7) / 8;
                 struct pp_mm_tile m;
-                m.ldx = cols;
+                m.ldx = a->ldx;
                 m.full = kl & ~(int64_t)7;
                 m.rem = kl - m.full;
                 m.lda = sb * 8;
@@ -324,7 +324,7 @@ void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     /* a token group's chunk stays in L1 while it sweeps the panel, also in L1 */
                     for (int64_t t = 0; t < nc; t += nr) {
                         int64_t left = nc - t < nr ? nc - t : nr;
-                        m.x = a->x + (t0 + t) * cols + k0;
+                        m.x = a->x + (t0 + t) * a->ldx + k0;
                         for (int64_t p = 0; p < mcl; p += mr) {
                             m.pp = s->panel + (p / mr) * steps * mr * 8;
                             m.rows = mcl - p < mr ? (int)(mcl - p) : (int)mr;

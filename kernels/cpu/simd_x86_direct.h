@@ -313,7 +313,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         int64_t rs1 = r1 - rs < sb ? r1 : rs + sb;
         struct dtile m;
         m.pf_row = a->grouped ? (a->dtype == PP_DTYPE_F32 ? 128 : 64) : a->row_bytes;
-        m.ldx = cols;
+        m.ldx = a->ldx;
         m.lda = n * 8;
         m.ldy = a->rows;
         for (int64_t k0 = 0; k0 < cols; k0 += kb) {
@@ -357,7 +357,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     /* tiles as even as possible: the first n % n_tiles get one more token */
                     int nt = (int)(n / n_tiles + (ti < n % n_tiles));
                     m.pf = ti == 0 && PP_MM_DIRECT_PREFETCH ? pf : 0;
-                    m.x = a->x + t * cols;
+                    m.x = a->x + t * a->ldx;
                     m.acc = s->acc + ((r - rs) * n + t) * 8;
                     m.y = a->y + t * a->rows + r;
                     tab[rows * 5 + nt](&m);

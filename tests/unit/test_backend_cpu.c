@@ -12,6 +12,7 @@
 
 #include "common/alloc.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu-impl.h"
 #include "kernels/cpu/simd.h"
 
 #define N_BE 4 /* backends with 1, 2, 3 and 4 threads */
@@ -195,11 +196,13 @@ static void matmul_dtype(enum pp_dtype dt, uint64_t seed)
     /* edge shapes first: one column, one row, a tail shorter than 8, more tokens than the
      * few-token nest takes (20); more rows than 4 threads × the row chunk of either nest (96 rows
      * up to 20 tokens, 48 beyond: kernels/cpu/matmul.c), ragged, so that every thread count cuts
-     * the rows differently */
+     * the rows differently; cols a multiple of 256 with many tokens, which go through the padded
+     * copy of the activations, in two slices, the second one few-token */
     const int64_t fixed[][3] = {{1, 1, 1},     {1, 7, 1},      {3, 8, 2},    {5, 9, 3},
                                 {70, 33, 1},   {17, 100, 33},  {65, 67, 40}, {2, MAX_COLS, 2},
                                 {7, 700, 9},   {31, 1000, 5},  {50, 257, 4}, {389, 40, 1},
-                                {401, 70, 6},  {203, 45, 27}};
+                                {401, 70, 6},  {203, 45, 27}, {45, 512, PP_MM_X_PADDED_TOKENS + 12},
+                                {20, 768, 30}};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
         int64_t cols = (fixed[i][1] + step - 1) / step * step;
         if (cols > MAX_COLS)
@@ -238,10 +241,10 @@ static void test_matmul_q8_0(void **state)
 }
 
 /* A token's output row has the same bits alone (the direct, decode loop nest) as inside a batch of
- * 5, of 40 (the packed loop nest, ragged token tiles) or of more than one packed pass of tokens
- * (PP_MM_NC_MAX), with the reduction inside one chunk and
- * across three (cols > 2 * PP_MM_KC), for every dtype: batching must never change what a request
- * sees. */
+ * 5, of 40 (the packed loop nest, ragged token tiles), of more than one packed pass of tokens
+ * (PP_MM_NC_MAX) or of more than one slice of the padded activations (PP_MM_X_PADDED_TOKENS, with
+ * cols a multiple of 256), with the reduction inside one chunk and across three (cols > 2 *
+ * PP_MM_KC), for every dtype: batching must never change what a request sees. */
 static void test_matmul_batch_invariant(void **state)
 {
     (void)state;
@@ -249,14 +252,16 @@ static void test_matmul_batch_invariant(void **state)
     backends_new(be);
     uint64_t seed = 11;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
-    const int64_t batches[] = {5, 40, PP_MM_NC_MAX + 7};
-    for (int d = 0; d < 8; d++) {
+    const int64_t batches[] = {5, 40, PP_MM_NC_MAX + 7, PP_MM_X_PADDED_TOKENS + 12};
+    for (int d = 0; d < 12; d++) {
         int64_t rows = 37, cols = dts[d % 4] == PP_DTYPE_Q8_0 ? 96 : 83;
         if (d >= 4)
             cols = 2 * PP_MM_KC + (dts[d % 4] == PP_DTYPE_Q8_0 ? 96 : 89);
+        if (d >= 8)
+            cols = 3 * 256;
         struct test_weight tw;
         weight_make(&tw, dts[d % 4], rows, cols, &seed);
-        for (int bi = 0; bi < 3; bi++) {
+        for (int bi = 0; bi < 4; bi++) {
             int64_t n = batches[bi];
             float *x = rand_floats(&seed, n * cols, -2.0f, 2.0f);
             float *yb = malloc((size_t)(n * rows) * sizeof(float));

@@ -199,7 +199,7 @@ static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64
         if (dt == PP_DTYPE_Q8_0)
             pp_quantize_q8_0(dst, src + r * cols, cols);
     }
-    struct pp_mm_args a = {y1, x, w, dt, rows, cols, n, rb};
+    struct pp_mm_args a = {y1, x, cols, w, dt, rows, cols, n, rb};
     struct pp_mm_scratch s = {row, panel, acc};
     /* in chunks of rows, as threads take them: which rows share a call changes no bit */
     for (int64_t r = 0; r < rows; r += chunk)
@@ -211,7 +211,7 @@ static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64
                  (long long)rows, (long long)cols, (long long)n, fast->name);
     char *wg = malloc((size_t)(rows * rb));
     pp__row_groups_pack(wg, w, dt, rows, cols);
-    struct pp_mm_args g = {y1, x, wg, dt, rows, cols, n, rb, 1};
+    struct pp_mm_args g = {y1, x, cols, wg, dt, rows, cols, n, rb, 1};
     int64_t gchunk = (chunk + PP_ROW_GROUP - 1) / PP_ROW_GROUP * PP_ROW_GROUP;
     memset(y1, 0, sizeof(float) * (size_t)(n * rows));
     for (int64_t r = 0; r < rows; r += gchunk)
