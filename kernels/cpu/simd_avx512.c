@@ -195,18 +195,8 @@ AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT)
     int64_t k = m->k0, kend = m->k0 + m->full;
     const char *wk = m->w + k / 8 * us;
     for (; k + 32 <= kend; k += 32, wk += 4 * us) {
-        if (m->pf) {
-            const char *pl = wk + m->pf;
-            if (m->pf_end && pl >= m->pf_end)
-                pl += m->pf_wrap;
-            _Pragma("GCC unroll 6")
-            for (int i = 0; i < 6; i++) {
-                const char *pi = pl + i / 3 * go + i % 3 * m->pf_row;
-                _mm_prefetch(pi, PP_MM_PF_HINT);
-                if (dt == PP_DTYPE_F32)
-                    _mm_prefetch(pi + 64, PP_MM_PF_HINT);
-            }
-        }
+        if (m->pf)
+            dtile_prefetch(m, wk, dt, 6);
         _Pragma("GCC unroll 4")
         for (int s = 0; s < 4; s++) {
             const char *a = wk + s * us, *b = a + go;

@@ -116,6 +116,22 @@ struct dtile {
     int64_t pf_wrap;
 };
 
+/* Prefetches the lines of the MR rows that come next, for the 32 elements at wk (the tile's rows'
+ * units of one step, where tile row 0's unit is; f32, f16, bf16). */
+AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, int MR)
+{
+    const char *pl = wk + m->pf;
+    if (m->pf_end && pl >= m->pf_end)
+        pl += m->pf_wrap;
+    _Pragma("GCC unroll 6")
+    for (int i = 0; i < MR; i++) {
+        const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
+        _mm_prefetch(pi, PP_MM_PF_HINT);
+        if (dt == PP_DTYPE_F32)
+            _mm_prefetch(pi + 64, PP_MM_PF_HINT);
+    }
+}
+
 /* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
 AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
 {
@@ -176,18 +192,8 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
         /* 32 elements (one or two cache lines of each row) per pass, prefetching the same lines
          * of the rows that come next */
         for (; k + 32 <= kend; k += 32, wk += 4 * us) {
-            if (m->pf) {
-                const char *pl = wk + m->pf;
-                if (m->pf_end && pl >= m->pf_end)
-                    pl += m->pf_wrap;
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++) {
-                    const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
-                    _mm_prefetch(pi, PP_MM_PF_HINT);
-                    if (dt == PP_DTYPE_F32)
-                        _mm_prefetch(pi + 64, PP_MM_PF_HINT);
-                }
-            }
+            if (m->pf)
+                dtile_prefetch(m, wk, dt, MR);
             _Pragma("GCC unroll 4")
             for (int s = 0; s < 32; s += 8) {
                 __m256 wv[6];
