@@ -27,7 +27,7 @@ struct pp_cpu {
     int64_t max_context; /* as reserved */
     float *scratch[PP_CPU_SCRATCH_COUNT]; /* [n_threads, cap[slot]] */
     int64_t cap[PP_CPU_SCRATCH_COUNT];
-    float *x_padded;      /* the many-token matmul's activations, rows padded (kernels/cpu/matmul.c) */
+    float *x_padded;      /* many-token matmul activations, rows padded (kernels/cpu/matmul.c) */
     int64_t x_padded_cap; /* floats */
 };
 

@@ -51,11 +51,11 @@ static void copy_padded(void *ctx, int64_t t0, int64_t t1, int thread)
 /* The many-token nest reads each of a token group's activation rows at the same offset k, so rows
  * a multiple of 1 KiB apart fall in the same few L1 sets, with the weight panel beside them. For
  * such cols the activations go through a copy whose rows are 64 bytes further apart, a slice of
- * PP_MM_X_PADDED_TOKENS tokens at a time (one pass of the nest's tokens, so the weights are not
- * read more often). One thread, tinyllama's shapes (cols 2048 and 5632), 64 and 128 tokens, the
- * copy included: f16 106-111 → 115-120 and 120-121 → 127-132 GFLOP/s, f32 91 → 95-99 and 104-107
- * → 112-117 (pp_bench_matmul --layers 1, a throwaway build, rows 16, 40 or 136 floats further
- * apart alike). Where the stride changes no bit. */
+ * PP_MM_X_PADDED_TOKENS tokens at a time (whole passes of the nest, 64 tokens with AVX2 and 128
+ * with AVX-512, so the weights are not read more often). pp_bench_matmul --layers 1 on the Xeon
+ * host, the copy included, one thread: f16 at 64 and 128 tokens 110-111 → 117 and 119-122 →
+ * 127-130 GFLOP/s, f32 at 128 tokens 106-107 → 112-113 (docs/benchmarks.md). The stride changes
+ * no bit. */
 void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
                     int64_t n)
 {

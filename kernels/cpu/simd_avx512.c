@@ -134,6 +134,14 @@ static const struct pp_mm_micro micro_avx512 = {
 
 /* --- few tokens: two row groups in zmm pairs ------------------------------------------------- */
 
+/* Sixteen f16 or bf16 weights as f32. */
+AI __m512 cvt16(__m256i h, enum pp_dtype dt)
+{
+    if (dt == PP_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* Eight weights of each of two rows as one zmm, the unit at lo in the low half and the unit at hi
  * in the high half. */
 AI __m512 ld_pair(const char *lo, const char *hi, enum pp_dtype dt)
@@ -142,11 +150,9 @@ AI __m512 ld_pair(const char *lo, const char *hi, enum pp_dtype dt)
         return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)lo)),
                                   _mm256_loadu_ps((const float *)hi), 1);
     __m128i l = _mm_loadu_si128((const __m128i *)lo);
-    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(l),
-                                        _mm_loadu_si128((const __m128i *)hi), 1);
-    if (dt == PP_DTYPE_F16)
-        return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return cvt16(_mm256_inserti128_si256(_mm256_castsi128_si256(l),
+                                         _mm_loadu_si128((const __m128i *)hi), 1),
+                 dt);
 }
 
 /* The same for two rows whose units are adjacent (row lo's unit then row hi's, at p). */
@@ -154,10 +160,7 @@ AI __m512 ld_pair_run(const char *p, enum pp_dtype dt)
 {
     if (dt == PP_DTYPE_F32)
         return _mm512_loadu_ps((const float *)p);
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    if (dt == PP_DTYPE_F16)
-        return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return cvt16(_mm256_loadu_si256((const __m256i *)p), dt);
 }
 
 /* Two 8-lane vectors as the halves of one zmm, and back. */
@@ -175,7 +178,7 @@ AI void split8(float *lo, float *hi, __m512 v)
 /* The few-token tile of 6 rows (two whole row groups, A and B = A + grp_off) × NT tokens over f32,
  * f16 or bf16 weights in row groups: rows in pairs (0,1), (2,3), (4,5), one zmm each, whose halves
  * are the eight lanes of the two rows, so that one conversion and one FMA serve two rows; pairs
- * (0,1) and (4,5) are one run of a group's unit, pair (2,3) takes row 2 from A and row 3 from B.
+ * (0,1) and (4,5) are adjacent units of one group, pair (2,3) takes row 2 from A and row 3 from B.
  * Every lane runs the same chain as in dtile_run (kernels/cpu/simd_x86_direct.h). */
 AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT)
 {
