@@ -32,11 +32,13 @@ struct pp_cpu {
 };
 
 /* Tokens per slice of a many-token matmul whose activation rows are copied to a padded stride
- * (kernels/cpu/matmul.c), and the floats its buffer needs for rows of up to max_cols. */
+ * (kernels/cpu/matmul.c), the floats added to each row, and the floats its buffer needs for rows
+ * of up to max_cols. */
 #define PP_MM_X_PADDED_TOKENS 128
+#define PP_MM_X_PAD 16
 static inline int64_t pp__cpu_x_padded_floats(int64_t max_cols)
 {
-    return PP_MM_X_PADDED_TOKENS * (max_cols + 16);
+    return PP_MM_X_PADDED_TOKENS * (max_cols + PP_MM_X_PAD);
 }
 
 /* exp(x) in float, one fixed sequence of correctly rounded operations, which the AVX2 loops

@@ -67,20 +67,21 @@ void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struc
                             w->layout == PP_WEIGHT_ROW_GROUPS},
                            NULL,
                            c->x_padded};
-    if (n <= PP_MM_DIRECT_MAX_TOKENS || w->cols % 256 != 0) {
-        pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, w->rows,
-                                  n > PP_MM_DIRECT_MAX_TOKENS ? ROW_GRAIN_PACKED : ROW_GRAIN);
-        return;
-    }
-    j.args.ldx = w->cols + 16;
-    assert(PP_MM_X_PADDED_TOKENS * j.args.ldx <= c->x_padded_cap);
-    for (int64_t t0 = 0; t0 < n; t0 += PP_MM_X_PADDED_TOKENS) {
-        int64_t nt = n - t0 < PP_MM_X_PADDED_TOKENS ? n - t0 : PP_MM_X_PADDED_TOKENS;
-        j.src = x + t0 * w->cols;
+    int pad = n > PP_MM_DIRECT_MAX_TOKENS && w->cols % 256 == 0;
+    int64_t slice = pad ? PP_MM_X_PADDED_TOKENS : n;
+    if (pad) {
+        j.args.ldx = w->cols + PP_MM_X_PAD;
         j.args.x = j.padded;
+        assert(PP_MM_X_PADDED_TOKENS * j.args.ldx <= c->x_padded_cap);
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += slice) {
+        int64_t nt = n - t0 < slice ? n - t0 : slice;
         j.args.y = y + t0 * w->rows;
         j.args.n = nt;
-        pp_threadpool_run(c->pool, copy_padded, &j, nt, 8);
+        if (pad) {
+            j.src = x + t0 * w->cols;
+            pp_threadpool_run(c->pool, copy_padded, &j, nt, 8);
+        }
         pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, w->rows,
                                   nt > PP_MM_DIRECT_MAX_TOKENS ? ROW_GRAIN_PACKED : ROW_GRAIN);
     }

@@ -132,6 +132,19 @@ AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, 
     }
 }
 
+/* One step of a tile: accumulator (i, j) += weights i × the eight activations of token j at k. */
+AI void dtile_step(__m256 acc[6][4], const __m256 *wv, const float *const *xp, int64_t k, int MR,
+                   int NT)
+{
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NT; j++) {
+        __m256 xv = _mm256_loadu_ps(xp[j] + k);
+        _Pragma("GCC unroll 6")
+        for (int i = 0; i < MR; i++)
+            acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+}
+
 /* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
 AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
 {
@@ -172,13 +185,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
                 _Pragma("GCC unroll 6")
                 for (int i = 0; i < MR; i++)
                     wv[i] = ld_q8(blk[i] + 2 + s, d[i]);
-                _Pragma("GCC unroll 4")
-                for (int j = 0; j < NT; j++) {
-                    __m256 xv = _mm256_loadu_ps(xp[j] + k + s);
-                    _Pragma("GCC unroll 6")
-                    for (int i = 0; i < MR; i++)
-                        acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-                }
+                dtile_step(acc, wv, xp, k + s, MR, NT);
             }
         }
     } else {
@@ -200,13 +207,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
                 _Pragma("GCC unroll 6")
                 for (int i = 0; i < MR; i++)
                     wv[i] = ld_unit(wk + s / 8 * us + roff[i], dt);
-                _Pragma("GCC unroll 4")
-                for (int j = 0; j < NT; j++) {
-                    __m256 xv = _mm256_loadu_ps(xp[j] + k + s);
-                    _Pragma("GCC unroll 6")
-                    for (int i = 0; i < MR; i++)
-                        acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-                }
+                dtile_step(acc, wv, xp, k + s, MR, NT);
             }
         }
         for (; k < kend; k += 8, wk += us) {
@@ -214,13 +215,7 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++)
                 wv[i] = ld_unit(wk + roff[i], dt);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++) {
-                __m256 xv = _mm256_loadu_ps(xp[j] + k);
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++)
-                    acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-            }
+            dtile_step(acc, wv, xp, k, MR, NT);
         }
         if (m->rem) {
             __m256i mk = pp__tail_mask_avx(m->rem);
@@ -267,14 +262,6 @@ typedef void (*dtile_fn)(const struct dtile *m);
 #define DTILE_ROW(name, mr)                                                                        \
     {NULL, dtile_##name##_##mr##x1, dtile_##name##_##mr##x2, dtile_##name##_##mr##x3,             \
      dtile_##name##_##mr##x4}
-
-/* Stored bytes of kb elements of a row (kb a multiple of PP_MM_DIRECT_KB_ALIGN). */
-static int64_t block_bytes(enum pp_dtype dt, int64_t kb)
-{
-    if (dt == PP_DTYPE_Q8_0)
-        return kb / PP_Q8_0_BLOCK * PP_Q8_0_BYTES;
-    return kb * (dt == PP_DTYPE_F32 ? 4 : 2);
-}
 
 static int dtype_index(enum pp_dtype dt)
 {
@@ -343,7 +330,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                 if (pr >= rs1) /* nothing to prefetch after the last block: the thread's next
                                   * rows are not known here */
                     pf = k0 + kl < cols ? (pr - (rs1 - rs) - r) * a->row_bytes +
-                                              block_bytes(a->dtype, kb)
+                                              pp_dtype_row_bytes(a->dtype, kb)
                                         : 0;
                 m.pf_end = NULL;
                 if (a->grouped) {
