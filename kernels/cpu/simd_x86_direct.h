@@ -145,6 +145,26 @@ AI void dtile_step(__m256 acc[6][4], const __m256 *wv, const float *const *xp, i
     }
 }
 
+/* The same step, one row at a time: the NT activation vectors first, then each row's weights
+ * converted and used at once, so that MR·NT accumulators + NT activations + one weight register
+ * are live (6 rows × 2 tokens fit AVX2's 16). Every accumulator gets the same FMA as in
+ * dtile_step. */
+AI void dtile_step_rows(__m256 acc[6][4], const char *wk, const int64_t *roff, enum pp_dtype dt,
+                        const float *const *xp, int64_t k, int MR, int NT)
+{
+    __m256 xv[4];
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NT; j++)
+        xv[j] = _mm256_loadu_ps(xp[j] + k);
+    _Pragma("GCC unroll 6")
+    for (int i = 0; i < MR; i++) {
+        __m256 wv = ld_unit(wk + roff[i], dt);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++)
+            acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+}
+
 /* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
 AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
 {
@@ -203,6 +223,10 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
                 dtile_prefetch(m, wk, dt, MR);
             _Pragma("GCC unroll 4")
             for (int s = 0; s < 32; s += 8) {
+                if (MR * NT + MR + 1 > 16) {
+                    dtile_step_rows(acc, wk + s / 8 * us, roff, dt, xp, k + s, MR, NT);
+                    continue;
+                }
                 __m256 wv[6];
                 _Pragma("GCC unroll 6")
                 for (int i = 0; i < MR; i++)
@@ -281,10 +305,11 @@ static int dtype_index(enum pp_dtype dt)
  * whatever n, and the activations come from cache. Row-major rows go in groups of 4 with token
  * tiles of up to 3, or of 3 with tiles of up to 4, whichever needs fewer loads per FMA for this n
  * (counted for n <= 12). Weights in row groups go in their groups of 3, or two groups at a time (6
- * rows × up to 4 tokens; two streams of weights) when n <= two_groups and the dtype is not Q8_0,
- * whose conversion is the bound. */
+ * rows × tiles of up to two_nt tokens; two streams of weights) when n <= two_groups and the dtype
+ * is not Q8_0, whose conversion is the bound. */
 AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
-                      const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][5], int two_groups)
+                      const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][5], int two_groups,
+                      int two_nt)
 {
     const dtile_fn *tab = &tiles[dtype_index(a->dtype)][0][0];
     int64_t n = a->n, cols = a->cols;
@@ -293,7 +318,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
     if (a->grouped && n <= two_groups && a->dtype != PP_DTYPE_Q8_0)
         mr = 2 * PP_ROW_GROUP;
-    int ntmax = mr == 4 ? 3 : 4;
+    int ntmax = mr == 4 ? 3 : mr == 6 ? two_nt : 4;
     int64_t n_tiles = (n + ntmax - 1) / ntmax;
     int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
     if (kb < PP_MM_DIRECT_KB_ALIGN)
