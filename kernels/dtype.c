@@ -109,6 +109,18 @@ void pp_row_to_f32(float *dst, const void *src, enum pp_dtype t, int64_t n)
     }
 }
 
+int64_t pp_q8_0_first_nonfinite(const void *blocks, int64_t n)
+{
+    const uint8_t *b = blocks;
+    for (int64_t i = 0; i < n; i++, b += PP_Q8_0_BYTES) {
+        uint16_t h;
+        memcpy(&h, b, 2);
+        if ((h & 0x7C00) == 0x7C00) /* all exponent bits set: inf or NaN */
+            return i;
+    }
+    return -1;
+}
+
 void pp_quantize_q8_0(void *dst, const float *src, int64_t n)
 {
     uint8_t *b = dst;

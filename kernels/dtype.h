@@ -62,6 +62,10 @@ void pp_row_to_f32(float *dst, const void *src, enum pp_dtype t, int64_t n);
 int pp_convert_range(void *dst, enum pp_dtype dst_t, const void *src, enum pp_dtype src_t,
                      int64_t first, int64_t n);
 
+/* The index of the first of n Q8_0 blocks at blocks whose f16 scale is infinite or NaN, or -1 when
+ * every scale is finite. */
+int64_t pp_q8_0_first_nonfinite(const void *blocks, int64_t n);
+
 /* Quantizes n f32 values (a multiple of 32) to Q8_0 blocks: d = max|x|/127 stored as f16,
  * q = round(x/d). */
 void pp_quantize_q8_0(void *dst, const float *src, int64_t n);

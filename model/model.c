@@ -69,6 +69,20 @@ pp_status pp__bind_matrix(struct pp__binder *b, const char *name, const struct p
                         "32-value blocks", b->src->path, name, (long long)cols);
     int64_t bytes = rows * pp_dtype_row_bytes(t->dtype, cols);
     w->data = (const uint8_t *)t->data + index * bytes;
+    /* a Q8_0 scale of inf or NaN makes its whole block inf or NaN: a corrupt file, refused here
+     * rather than found in the logits */
+    int64_t bad = t->dtype == PP_DTYPE_Q8_0
+                      ? pp_q8_0_first_nonfinite(w->data, rows * cols / PP_Q8_0_BLOCK)
+                      : -1;
+    if (bad >= 0) {
+        int64_t per_row = cols / PP_Q8_0_BLOCK;
+        return pp_error(PP_ERR_FORMAT, "%s: tensor %s: row %lld, columns %lld-%lld: the Q8_0 "
+                        "block's scale is infinite or NaN; expected a finite f16 scale (a "
+                        "corrupt file?)", b->src->path, name,
+                        (long long)(index * rows + bad / per_row),
+                        (long long)(bad % per_row * PP_Q8_0_BLOCK),
+                        (long long)(bad % per_row * PP_Q8_0_BLOCK + PP_Q8_0_BLOCK - 1));
+    }
     w->dtype = t->dtype;
     w->rows = rows;
     w->cols = cols;

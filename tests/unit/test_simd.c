@@ -165,40 +165,23 @@ static void test_exp_shift_match(void **state)
     }
 }
 
-/* One random matmul through both tables: the same bits, and each element equal to pp__dot of the
- * exactly converted weight row; the fast table also from the weights in row groups, as the backend
- * stores them, in chunks of whole groups. */
-static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n,
-                             int64_t chunk, unsigned *seed)
+/* One matmul of the weights w (rows × cols stored as dt) and random activations through both
+ * tables: the same bits, and each element equal to pp__dot of the exactly converted weight row; the
+ * fast table also from the weights in row groups, as the backend stores them, in chunks of whole
+ * groups. */
+static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t cols, int64_t n,
+                          int64_t chunk, unsigned *seed)
 {
     const struct pp_simd *fast = pp_simd_get(), *port = pp_simd_portable();
     int64_t rb = pp_dtype_row_bytes(dt, cols);
-    float *src = malloc(sizeof(float) * (size_t)(rows * cols));
-    char *w = malloc((size_t)(rows * rb));
     float *x = malloc(sizeof(float) * (size_t)(n * cols));
     float *y1 = malloc(sizeof(float) * (size_t)(n * rows));
     float *y2 = malloc(sizeof(float) * (size_t)(n * rows));
     float *row = malloc(sizeof(float) * (size_t)cols);
     float *panel = malloc(sizeof(float) * PP_MM_PANEL_ROWS * PP_MM_KC);
     float *acc = malloc(sizeof(float) * PP_MM_ACC_CAP);
-    for (int64_t i = 0; i < rows * cols; i++)
-        src[i] = frand(seed);
     for (int64_t i = 0; i < n * cols; i++)
         x[i] = frand(seed) * 3.0f;
-    for (int64_t r = 0; r < rows; r++) {
-        char *dst = w + r * rb;
-        for (int64_t i = 0; i < cols; i++) {
-            float v = src[r * cols + i];
-            if (dt == PP_DTYPE_F32)
-                memcpy(dst + i * 4, &v, 4);
-            else if (dt == PP_DTYPE_F16 || dt == PP_DTYPE_BF16) {
-                uint16_t h = dt == PP_DTYPE_F16 ? pp_f32_to_f16(v) : pp_f32_to_bf16(v);
-                memcpy(dst + i * 2, &h, 2);
-            }
-        }
-        if (dt == PP_DTYPE_Q8_0)
-            pp_quantize_q8_0(dst, src + r * cols, cols);
-    }
     struct pp_mm_args a = {y1, x, cols, w, dt, rows, cols, n, rb};
     struct pp_mm_scratch s = {row, panel, acc};
     /* in chunks of rows, as threads take them: which rows share a call changes no bit */
@@ -227,14 +210,40 @@ static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64
             assert_memory_equal(&d, &y1[t * rows + r], sizeof(float));
         }
     }
-    free(src);
-    free(w);
     free(x);
     free(y1);
     free(y2);
     free(row);
     free(panel);
     free(acc);
+}
+
+/* check_weights on random weights. */
+static void check_rows_split(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n,
+                             int64_t chunk, unsigned *seed)
+{
+    int64_t rb = pp_dtype_row_bytes(dt, cols);
+    float *src = malloc(sizeof(float) * (size_t)(rows * cols));
+    char *w = malloc((size_t)(rows * rb));
+    for (int64_t i = 0; i < rows * cols; i++)
+        src[i] = frand(seed);
+    for (int64_t r = 0; r < rows; r++) {
+        char *dst = w + r * rb;
+        for (int64_t i = 0; i < cols; i++) {
+            float v = src[r * cols + i];
+            if (dt == PP_DTYPE_F32)
+                memcpy(dst + i * 4, &v, 4);
+            else if (dt == PP_DTYPE_F16 || dt == PP_DTYPE_BF16) {
+                uint16_t h = dt == PP_DTYPE_F16 ? pp_f32_to_f16(v) : pp_f32_to_bf16(v);
+                memcpy(dst + i * 2, &h, 2);
+            }
+        }
+        if (dt == PP_DTYPE_Q8_0)
+            pp_quantize_q8_0(dst, src + r * cols, cols);
+    }
+    check_weights(dt, w, rows, cols, n, chunk, seed);
+    free(src);
+    free(w);
 }
 
 static void check_rows(enum pp_dtype dt, int64_t rows, int64_t cols, int64_t n, unsigned *seed)
@@ -291,6 +300,32 @@ static void test_direct_all_token_counts(void **state)
         }
 }
 
+/* Q8_0 blocks at the format's edges: every int8 value, -128 included, under scales from the
+ * smallest f16 subnormal to the largest finite f16, negative and zero ones too. The vector tables'
+ * d·q (int8 to f32 in registers, times the block's scale) must be exact, so the same bits as the
+ * portable path, in the few-token tiles and in the packed panels. */
+static void test_q8_0_edges(void **state)
+{
+    (void)state;
+    static const uint16_t scales[] = {0x0001, 0x03ff, 0x0400, 0x3c00, 0x7bff, 0x8001, 0xfbff,
+                                      0x0000, 0x8000, 0x1234, 0xb800, 0x5a5a, 0xc3ff};
+    const int64_t rows = 14, cols = 8 * PP_Q8_0_BLOCK, per_row = cols / PP_Q8_0_BLOCK;
+    int64_t rb = pp_dtype_row_bytes(PP_DTYPE_Q8_0, cols);
+    uint8_t *w = malloc((size_t)(rows * rb));
+    for (int64_t b = 0; b < rows * per_row; b++) {
+        uint8_t *blk = w + b / per_row * rb + b % per_row * PP_Q8_0_BYTES;
+        memcpy(blk, &scales[b % (int64_t)(sizeof(scales) / sizeof(scales[0]))], 2);
+        for (int j = 0; j < PP_Q8_0_BLOCK; j++)
+            blk[2 + j] = (uint8_t)(b * PP_Q8_0_BLOCK + j); /* all 256 values, every 8 blocks */
+    }
+    unsigned seed = 33;
+    const int64_t ns[] = {1, 2, 3, 4, 8, 13, PP_MM_DIRECT_MAX_TOKENS + 5};
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++)
+        check_weights(PP_DTYPE_Q8_0, (const char *)w, rows, cols, ns[i], 1 + (int64_t)i % 4,
+                      &seed);
+    free(w);
+}
+
 static void test_conversions_match(void **state)
 {
     (void)state;
@@ -328,6 +363,7 @@ int main(void)
         cmocka_unit_test(test_exp_shift_match),
         cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_direct_all_token_counts),
+        cmocka_unit_test(test_q8_0_edges),
         cmocka_unit_test(test_conversions_match),
     };
     /* every vector table this CPU can run, each against the portable one (PP_SIMD caps the table
