@@ -55,7 +55,8 @@ static void expect_refused(const char *path, const char *part1, const char *part
     if (st != PP_ERR_FORMAT || !strstr(pp_error_detail(), part1) ||
         !strstr(pp_error_detail(), part2) || !strstr(pp_error_detail(), "infinite or NaN"))
         fail_msg("%s: got status %d, message \"%s\"; expected PP_ERR_FORMAT with \"%s\" and "
-                 "\"%s\"", path, st, pp_error_detail(), part1, part2);
+                 "\"%s\"",
+                 path, st, pp_error_detail(), part1, part2);
     assert_null(m);
 }
 
