@@ -9,7 +9,7 @@
  *    and converted in registers (F16C, bf16 shift, int8 → f32 times the block scale); the
  *    reduction is cut into blocks of PP_MM_DIRECT_KB_FLOATS / n elements, and in each block every
  *    tile of rows (row-major: 4 rows × tiles of up to 3 tokens, or 3 rows × up to 4; row groups: 3
- *    rows × up to 4, or 6 rows for one or two tokens) covers all n tokens before the next, with
+ *    rows × up to 4, or 6 rows for up to four tokens) covers all n tokens before the next, with
  *    lane sums in scratch between blocks, so each weight byte comes from memory once per call and
  *    the block's activations stay in cache (kernels/cpu/simd_x86_direct.h, which the AVX-512
  *    table builds again with its 32 registers and wider tiles);
@@ -47,18 +47,27 @@
 
 /* The few-token tiles (kernels/cpu/simd_x86_direct.h) that fit the 16 ymm registers: MR·NT <= 12
  * and MR·NT + MR + 1 <= 16 or nearly (the accumulators, MR weights and one activation; tiles past
- * 16 take their weights one row at a time, dtile_step_rows). Weights in row groups take one or two
- * tokens two groups at a time, 6 rows, which reads two streams of weights: one token on Zen 3
- * (pp_bench_matmul --layout both, f16, three rounds) 1.03-1.13 times row-major rows on 1 thread
- * against 1.00-1.01 with 3 rows; two tokens on the Xeon host (PP_SIMD=avx2, 1 thread, two rounds)
- * f32 / f16 / bf16 17.0-17.2 / 16.0-16.2 / 16.2-16.5 GB/s against 14.5-14.8 / 12.6-13.7 /
- * 12.3-12.6 with 3 rows × 2. Three and four tokens stay on 3 rows × 3-4: two passes of 6 rows × 2
- * (the second one reading the weights again from cache and converting them again) gave 12.1-12.4
- * and 10.7-10.9 GB/s against 12.9-13.0 and 12.4-12.6. */
-#define TWO_GROUPS_MAX_TOKENS 2
+ * 16 take their weights one row at a time, dtile_step_rows). Weights in row groups take up to four
+ * tokens two groups at a time (6 rows, two streams of weights): one or two tokens in registers, 3
+ * and 4 tokens by sub-blocks read from one group and then the other (dtile_run_alt). One token on
+ * Zen 3 (pp_bench_matmul --layout both, f16, three rounds): 1.03-1.13 times row-major rows on 1
+ * thread against 1.00-1.01 with 3 rows. On the Xeon host (PP_SIMD=avx2, 1 thread, fractions of
+ * the read bandwidth, three rounds) against one group at a time: 2 tokens f16 / bf16 / f32
+ * 102.7-104.2% / 103.8-104.9% / 105.9-108.1% against 100.9-103.4% / 101.1-104.8% / 104.8-107.7%
+ * (GB/s in an earlier pair of rounds: 16.0-16.2 / 16.2-16.5 / 17.0-17.2 against 12.6-13.7 /
+ * 12.3-12.6 / 14.5-14.8), 3 tokens 94.8-95.3% / 91.0-93.4% / 100.6-103.3% against 79.9-83.1% /
+ * 80.4-82.5% / 86.6-87.8%, 4 tokens 84.6-87.4% / 81.4-85.1% / 96.4-99.1% against 78.4-81.9% /
+ * 79.9-80.2% / 80.9-82.5%. */
+#define TWO_GROUPS_MAX_TOKENS 4
+#define DTILE_ALT(name, dt, nt)                                                                    \
+    __attribute__((noinline)) static void dtile_##name##_6x##nt(const struct dtile *m)          \
+    {                                                                                              \
+        dtile_run_alt(m, dt, nt);                                                                  \
+    }
 #define DTILE_DT(name, dt)                                                                         \
     DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) DTILE(name, dt, 4, 1)       \
-    DTILE(name, dt, 4, 2) DTILE(name, dt, 4, 3) DTILE(name, dt, 6, 1) DTILE(name, dt, 6, 2)
+    DTILE(name, dt, 4, 2) DTILE(name, dt, 4, 3) DTILE(name, dt, 6, 1) DTILE(name, dt, 6, 2)       \
+    DTILE_ALT(name, dt, 3) DTILE_ALT(name, dt, 4)
 DTILE_DT(f32, PP_DTYPE_F32)
 DTILE_DT(f16, PP_DTYPE_F16)
 DTILE_DT(bf16, PP_DTYPE_BF16)
@@ -66,7 +75,8 @@ DTILE_DT(q8_0, PP_DTYPE_Q8_0)
 #define DTILE_TABLE(name)                                                                          \
     {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
      {NULL, dtile_##name##_4x1, dtile_##name##_4x2, dtile_##name##_4x3, NULL},                    \
-     {NULL, NULL, NULL, NULL, NULL}, {NULL, dtile_##name##_6x1, dtile_##name##_6x2, NULL, NULL}}
+     {NULL, NULL, NULL, NULL, NULL},                                                               \
+     {NULL, dtile_##name##_6x1, dtile_##name##_6x2, dtile_##name##_6x3, dtile_##name##_6x4}}
 
 /* [dtype][MR][NT] */
 static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16),
@@ -75,7 +85,7 @@ static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTI
 void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s)
 {
-    pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS, 2);
+    pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS);
 }
 
 /* --- many tokens: packed panels and the register-blocked micro-kernel ------------------------- */

@@ -292,7 +292,7 @@ static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r
                                const struct pp_mm_scratch *s)
 {
     if (a->grouped && a->n >= 2 && a->n <= PP_MM_DIRECT_MAX_TOKENS && a->dtype != PP_DTYPE_Q8_0)
-        pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS, 4);
+        pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS);
     else if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct_avx2(a, r0, r1, s);
     else

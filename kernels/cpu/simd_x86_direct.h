@@ -272,6 +272,55 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
     }
 }
 
+/* Bytes of each row a sub-block of dtile_run_alt reads (256: 64 f32 or 128 f16/bf16 elements, 768
+ * bytes of a row group per visit). PP_SIMD=avx2 pp_bench_matmul --threads 1 on the Xeon host,
+ * f16 at 3 / 4 tokens as a fraction of one thread's read bandwidth, two rounds: 64 elements per
+ * sub-block 88.6-90.0% / 78.7-81.7%, 128 88.9-93.3% / 83.1-85.9%, 256 89.6-90.0% / 82.3-82.6%,
+ * 512 77.1-79.0% / 72.4-73.6%; f32 at 4 tokens 64 elements 99.7-100.1%, 128 95.7-97.6%. */
+#ifndef PP_MM_ALT_SUB_BYTES
+#define PP_MM_ALT_SUB_BYTES 256
+#endif
+
+/* Two row groups × NT tokens where the registers hold one group's 3 × NT accumulators: the block
+ * goes in sub-blocks, each read from group A, then group B, so that both groups' weights stream at
+ * once (two streams); each group's lane sums wait in a local buffer between its sub-blocks. Each
+ * lane's chain is that of dtile_run, cut at sub-block bounds, which never changes a bit. f32, f16
+ * and bf16 (sub-blocks of whole 32-element passes). */
+AI void dtile_run_alt(const struct dtile *m, enum pp_dtype dt, int NT)
+{
+    float lanes[2][3 * 4 * 8] __attribute__((aligned(32)));
+    if (!m->first)
+        for (int i = 0; i < 6; i++)
+            memcpy(lanes[i / 3] + i % 3 * 32, m->acc + i * m->lda, (size_t)NT * 8 * sizeof(float));
+    int64_t kend = m->k0 + m->full, sb = PP_MM_ALT_SUB_BYTES / (dt == PP_DTYPE_F32 ? 4 : 2);
+    for (int64_t k = m->k0;; k += sb) {
+        int64_t len = kend - k < sb ? kend - k : sb;
+        int end = k + len == kend;
+        for (int g = 0; g < 2; g++) {
+            struct dtile sub = *m;
+            sub.w = m->w + g * m->grp_off;
+            sub.k0 = k;
+            sub.full = len;
+            sub.rem = end ? m->rem : 0;
+            sub.first = m->first && k == m->k0;
+            sub.last = m->last && end;
+            sub.acc = lanes[g];
+            sub.lda = 32;
+            sub.y = m->y + g * PP_ROW_GROUP;
+            sub.pf_end = m->pf_end ? m->pf_end + g * m->grp_off : NULL;
+            if (NT == 3)
+                dtile_run(&sub, dt, 3, 3);
+            else
+                dtile_run(&sub, dt, 3, 4);
+        }
+        if (end)
+            break;
+    }
+    if (!m->last)
+        for (int i = 0; i < 6; i++)
+            memcpy(m->acc + i * m->lda, lanes[i / 3] + i % 3 * 32, (size_t)NT * 8 * sizeof(float));
+}
+
 typedef void (*dtile_fn)(const struct dtile *m);
 
 /* One function per dtype × MR × NT; a file defines those its registers hold (MR·NT accumulators,
@@ -305,11 +354,10 @@ static int dtype_index(enum pp_dtype dt)
  * whatever n, and the activations come from cache. Row-major rows go in groups of 4 with token
  * tiles of up to 3, or of 3 with tiles of up to 4, whichever needs fewer loads per FMA for this n
  * (counted for n <= 12). Weights in row groups go in their groups of 3, or two groups at a time (6
- * rows × tiles of up to two_nt tokens; two streams of weights) when n <= two_groups and the dtype
+ * rows × tiles of up to 4 tokens; two streams of weights) when n <= two_groups and the dtype
  * is not Q8_0, whose conversion is the bound. */
 AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
-                      const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][5], int two_groups,
-                      int two_nt)
+                      const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][5], int two_groups)
 {
     const dtile_fn *tab = &tiles[dtype_index(a->dtype)][0][0];
     int64_t n = a->n, cols = a->cols;
@@ -318,7 +366,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
     if (a->grouped && n <= two_groups && a->dtype != PP_DTYPE_Q8_0)
         mr = 2 * PP_ROW_GROUP;
-    int ntmax = mr == 4 ? 3 : mr == 6 ? two_nt : 4;
+    int ntmax = mr == 4 ? 3 : 4;
     int64_t n_tiles = (n + ntmax - 1) / ntmax;
     int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
     if (kb < PP_MM_DIRECT_KB_ALIGN)
