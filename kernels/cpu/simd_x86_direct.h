@@ -165,6 +165,82 @@ AI void dtile_step_rows(__m256 acc[6][4], const char *wk, const int64_t *roff, e
     }
 }
 
+/* Whole steps [k, kend) of a tile's rows over f32, f16 or bf16 weights (k a multiple of 8), 32
+ * elements (one or two cache lines of each row) per pass, each pass prefetching the same lines of
+ * the rows that come next. */
+AI void dtile_span(__m256 acc[6][4], const struct dtile *m, const float *const *xp, int64_t k,
+                   int64_t kend, enum pp_dtype dt, int MR, int NT)
+{
+    int64_t us = m->g.unit_stride;
+    /* the unit of step k of row i at wk + roff[i]: one pointer advances, the offsets stay */
+    const char *wk = m->w + k / 8 * us;
+    int64_t roff[6];
+    _Pragma("GCC unroll 6")
+    for (int i = 0; i < MR; i++)
+        roff[i] = i / 3 * m->grp_off + i % 3 * m->g.row_off;
+    for (; k + 32 <= kend; k += 32, wk += 4 * us) {
+        if (m->pf)
+            dtile_prefetch(m, wk, dt, MR);
+        _Pragma("GCC unroll 4")
+        for (int s = 0; s < 32; s += 8) {
+            if (MR * NT + MR + 1 > 16) {
+                dtile_step_rows(acc, wk + s / 8 * us, roff, dt, xp, k + s, MR, NT);
+                continue;
+            }
+            __m256 wv[6];
+            _Pragma("GCC unroll 6")
+            for (int i = 0; i < MR; i++)
+                wv[i] = ld_unit(wk + s / 8 * us + roff[i], dt);
+            dtile_step(acc, wv, xp, k + s, MR, NT);
+        }
+    }
+    for (; k < kend; k += 8, wk += us) {
+        __m256 wv[6];
+        _Pragma("GCC unroll 6")
+        for (int i = 0; i < MR; i++)
+            wv[i] = ld_unit(wk + roff[i], dt);
+        dtile_step(acc, wv, xp, k, MR, NT);
+    }
+}
+
+/* The zero-padded last step of m->rem elements at kend (f32, f16, bf16). */
+AI void dtile_tail(__m256 acc[6][4], const struct dtile *m, const float *const *xp, int64_t kend,
+                   enum pp_dtype dt, int MR, int NT)
+{
+    __m256i mk = pp__tail_mask_avx(m->rem);
+    __m256 wv[6];
+    _Pragma("GCC unroll 6")
+    for (int i = 0; i < MR; i++)
+        wv[i] = ld_w_tail(m->w + kend / 8 * m->g.unit_stride + i / 3 * m->grp_off +
+                              i % 3 * m->g.tail_off,
+                          dt, m->rem);
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NT; j++) {
+        __m256 xv = _mm256_maskload_ps(xp[j] + kend, mk);
+        _Pragma("GCC unroll 6")
+        for (int i = 0; i < MR; i++)
+            acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+}
+
+/* The end of a tile's block: the merged sums into y (last block), or the lane sums to scratch. */
+AI void dtile_finish(__m256 acc[6][4], const struct dtile *m, int MR, int NT)
+{
+    if (m->last) {
+        _Pragma("GCC unroll 6")
+        for (int i = 0; i < MR; i++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++)
+                m->y[j * m->ldy + i] = pp__merge8_avx(acc[i][j]);
+    } else {
+        _Pragma("GCC unroll 6")
+        for (int i = 0; i < MR; i++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++)
+                _mm256_storeu_ps(m->acc + i * m->lda + j * 8, acc[i][j]);
+    }
+}
+
 /* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
 AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
 {
@@ -209,67 +285,11 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
             }
         }
     } else {
-        int64_t k = k0, us = m->g.unit_stride;
-        /* the unit of step k of row i at wk + roff[i]: one pointer advances, the offsets stay */
-        const char *wk = m->w + k0 / 8 * us;
-        int64_t roff[6];
-        _Pragma("GCC unroll 6")
-        for (int i = 0; i < MR; i++)
-            roff[i] = rowp[i] - m->w;
-        /* 32 elements (one or two cache lines of each row) per pass, prefetching the same lines
-         * of the rows that come next */
-        for (; k + 32 <= kend; k += 32, wk += 4 * us) {
-            if (m->pf)
-                dtile_prefetch(m, wk, dt, MR);
-            _Pragma("GCC unroll 4")
-            for (int s = 0; s < 32; s += 8) {
-                if (MR * NT + MR + 1 > 16) {
-                    dtile_step_rows(acc, wk + s / 8 * us, roff, dt, xp, k + s, MR, NT);
-                    continue;
-                }
-                __m256 wv[6];
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++)
-                    wv[i] = ld_unit(wk + s / 8 * us + roff[i], dt);
-                dtile_step(acc, wv, xp, k + s, MR, NT);
-            }
-        }
-        for (; k < kend; k += 8, wk += us) {
-            __m256 wv[6];
-            _Pragma("GCC unroll 6")
-            for (int i = 0; i < MR; i++)
-                wv[i] = ld_unit(wk + roff[i], dt);
-            dtile_step(acc, wv, xp, k, MR, NT);
-        }
-        if (m->rem) {
-            __m256i mk = pp__tail_mask_avx(m->rem);
-            __m256 wv[6];
-            _Pragma("GCC unroll 6")
-            for (int i = 0; i < MR; i++)
-                wv[i] = ld_w_tail(m->w + kend / 8 * us + i / 3 * m->grp_off + i % 3 * m->g.tail_off,
-                                  dt, m->rem);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++) {
-                __m256 xv = _mm256_maskload_ps(xp[j] + kend, mk);
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++)
-                    acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-            }
-        }
+        dtile_span(acc, m, xp, k0, kend, dt, MR, NT);
+        if (m->rem)
+            dtile_tail(acc, m, xp, kend, dt, MR, NT);
     }
-    if (m->last) {
-        _Pragma("GCC unroll 6")
-        for (int i = 0; i < MR; i++)
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++)
-                m->y[j * m->ldy + i] = pp__merge8_avx(acc[i][j]);
-    } else {
-        _Pragma("GCC unroll 6")
-        for (int i = 0; i < MR; i++)
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++)
-                _mm256_storeu_ps(m->acc + i * m->lda + j * 8, acc[i][j]);
-    }
+    dtile_finish(acc, m, MR, NT);
 }
 
 /* Bytes of each row a sub-block of dtile_run_alt reads (256: 64 f32 or 128 f16/bf16 elements, 768
@@ -288,37 +308,47 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
  * and bf16 (sub-blocks of whole 32-element passes). */
 AI void dtile_run_alt(const struct dtile *m, enum pp_dtype dt, int NT)
 {
-    float lanes[2][3 * 4 * 8] __attribute__((aligned(32)));
-    if (!m->first)
-        for (int i = 0; i < 6; i++)
-            memcpy(lanes[i / 3] + i % 3 * 32, m->acc + i * m->lda, (size_t)NT * 8 * sizeof(float));
+    /* group g's tile: its rows, prefetch bound, lane sums and outputs */
+    struct dtile mg[2] = {*m, *m};
+    mg[1].w = m->w + m->grp_off;
+    mg[1].pf_end = m->pf_end ? m->pf_end + m->grp_off : NULL;
+    mg[1].acc = m->acc + PP_ROW_GROUP * m->lda;
+    mg[1].y = m->y + PP_ROW_GROUP;
+    const float *xp[4];
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NT; j++)
+        xp[j] = m->x + j * m->ldx;
+    __m256 lanes[2][6][4];
+    for (int g = 0; g < 2; g++)
+        _Pragma("GCC unroll 3")
+        for (int i = 0; i < 3; i++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++)
+                lanes[g][i][j] = m->first ? _mm256_setzero_ps()
+                                          : _mm256_loadu_ps(mg[g].acc + i * m->lda + j * 8);
     int64_t kend = m->k0 + m->full, sb = PP_MM_ALT_SUB_BYTES / (dt == PP_DTYPE_F32 ? 4 : 2);
-    for (int64_t k = m->k0;; k += sb) {
-        int64_t len = kend - k < sb ? kend - k : sb;
-        int end = k + len == kend;
+    for (int64_t k = m->k0; k < kend; k += sb) {
+        int64_t ke = kend - k < sb ? kend : k + sb;
         for (int g = 0; g < 2; g++) {
-            struct dtile sub = *m;
-            sub.w = m->w + g * m->grp_off;
-            sub.k0 = k;
-            sub.full = len;
-            sub.rem = end ? m->rem : 0;
-            sub.first = m->first && k == m->k0;
-            sub.last = m->last && end;
-            sub.acc = lanes[g];
-            sub.lda = 32;
-            sub.y = m->y + g * PP_ROW_GROUP;
-            sub.pf_end = m->pf_end ? m->pf_end + g * m->grp_off : NULL;
-            if (NT == 3)
-                dtile_run(&sub, dt, 3, 3);
-            else
-                dtile_run(&sub, dt, 3, 4);
+            __m256 acc[6][4];
+            _Pragma("GCC unroll 3")
+            for (int i = 0; i < 3; i++)
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NT; j++)
+                    acc[i][j] = lanes[g][i][j];
+            dtile_span(acc, &mg[g], xp, k, ke, dt, 3, NT);
+            _Pragma("GCC unroll 3")
+            for (int i = 0; i < 3; i++)
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < NT; j++)
+                    lanes[g][i][j] = acc[i][j];
         }
-        if (end)
-            break;
     }
-    if (!m->last)
-        for (int i = 0; i < 6; i++)
-            memcpy(m->acc + i * m->lda, lanes[i / 3] + i % 3 * 32, (size_t)NT * 8 * sizeof(float));
+    for (int g = 0; g < 2; g++) {
+        if (m->rem)
+            dtile_tail(lanes[g], &mg[g], xp, kend, dt, 3, NT);
+        dtile_finish(lanes[g], &mg[g], 3, NT);
+    }
 }
 
 typedef void (*dtile_fn)(const struct dtile *m);
