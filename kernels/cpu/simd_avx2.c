@@ -51,13 +51,12 @@
  * tokens two groups at a time (6 rows, two streams of weights): one or two tokens in registers, 3
  * and 4 tokens by sub-blocks read from one group and then the other (dtile_run_alt). One token on
  * Zen 3 (pp_bench_matmul --layout both, f16, three rounds): 1.03-1.13 times row-major rows on 1
- * thread against 1.00-1.01 with 3 rows. On the Xeon host (PP_SIMD=avx2, 1 thread, fractions of
- * the read bandwidth, three rounds) against one group at a time: 2 tokens f16 / bf16 / f32
- * 102.7-104.2% / 103.8-104.9% / 105.9-108.1% against 100.9-103.4% / 101.1-104.8% / 104.8-107.7%
- * (GB/s in an earlier pair of rounds: 16.0-16.2 / 16.2-16.5 / 17.0-17.2 against 12.6-13.7 /
- * 12.3-12.6 / 14.5-14.8), 3 tokens 94.8-95.3% / 91.0-93.4% / 100.6-103.3% against 79.9-83.1% /
- * 80.4-82.5% / 86.6-87.8%, 4 tokens 84.6-87.4% / 81.4-85.1% / 96.4-99.1% against 78.4-81.9% /
- * 79.9-80.2% / 80.9-82.5%. */
+ * thread against 1.00-1.01 with 3 rows. On the Xeon host (PP_SIMD=avx2, 1 thread) against one
+ * group at a time, f16 / bf16 / f32: 2 tokens 16.0-16.2 / 16.2-16.5 / 17.0-17.2 GB/s against
+ * 12.6-13.7 / 12.3-12.6 / 14.5-14.8 (two rounds); as fractions of the read bandwidth (three
+ * rounds), 3 tokens 92.8-94.4% / 90.9-91.7% / 102.1-104.2% against 80.6-81.9% / 79.8-81.5% /
+ * 81.9-86.7%, 4 tokens 87.9-89.9% / 85.8-86.3% / 100.4-102.2% against 79.0-80.7% / 78.5-81.1% /
+ * 79.2-82.0% (docs/benchmarks.md). */
 #define TWO_GROUPS_MAX_TOKENS 4
 #define DTILE_ALT(name, dt, nt)                                                                    \
     __attribute__((noinline)) static void dtile_##name##_6x##nt(const struct dtile *m)          \
