@@ -244,12 +244,8 @@ AI void dtile_finish(__m256 acc[6][4], const struct dtile *m, int MR, int NT)
 /* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
 AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
 {
-    const char *rowp[6];
     const float *xp[4];
     __m256 acc[6][4];
-    _Pragma("GCC unroll 6")
-    for (int i = 0; i < MR; i++)
-        rowp[i] = m->w + i / 3 * m->grp_off + i % 3 * m->g.row_off;
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NT; j++)
         xp[j] = m->x + j * m->ldx;
@@ -262,6 +258,10 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
     int64_t k0 = m->k0, kend = m->k0 + m->full;
     if (dt == PP_DTYPE_Q8_0) {
         /* one scale per row per 32-element block, four steps under it */
+        const char *rowp[6];
+        _Pragma("GCC unroll 6")
+        for (int i = 0; i < MR; i++)
+            rowp[i] = m->w + i / 3 * m->grp_off + i % 3 * m->g.row_off;
         for (int64_t k = k0; k < kend; k += PP_Q8_0_BLOCK) {
             __m256 d[6];
             const uint8_t *blk[6];
@@ -330,6 +330,7 @@ AI void dtile_run_alt(const struct dtile *m, enum pp_dtype dt, int NT)
     for (int64_t k = m->k0; k < kend; k += sb) {
         int64_t ke = kend - k < sb ? kend : k + sb;
         for (int g = 0; g < 2; g++) {
+            /* a copy of the group's lane sums, so that the span keeps them in registers */
             __m256 acc[6][4];
             _Pragma("GCC unroll 3")
             for (int i = 0; i < 3; i++)
