@@ -47,10 +47,12 @@ typedef void (*pp_mm_micro_fn)(const struct pp_mm_tile *m);
 
 /* A micro-kernel family: mr rows (a multiple of PP_ROW_GROUP) × up to nr tokens (at most
  * PP_MM_NR_MAX), fn[t] for t tokens; panels of mc rows (a multiple of mr, at most
- * PP_MM_PANEL_ROWS); passes of up to nc tokens. */
+ * PP_MM_PANEL_ROWS); passes of up to nc tokens. acc_prefetch: the nest asks for the next tile's
+ * partial sums before it runs this one. */
 struct pp_mm_micro {
     int mr, nr, mc, nc;
     pp_mm_micro_fn fn[PP_MM_NR_MAX + 1];
+    int acc_prefetch;
 };
 
 /* The few-token nest (n <= PP_MM_DIRECT_MAX_TOKENS) on AVX2. */
