@@ -5,7 +5,8 @@
  * instruction. The many-token micro-kernel is 6 rows × 8 tokens (24 zmm accumulators) over the
  * packed f32 panels of the AVX2 nest. The few-token nest is the AVX2 one
  * (kernels/cpu/simd_x86_direct.h) built here, with a 6-row tile of zmm row pairs that reads two row
- * groups at once for 2-20 tokens; the other loops are the AVX2 ones. */
+ * groups at once for 2-20 tokens, and for 1-20 tokens of Q8_0; the other loops are the AVX2
+ * ones. */
 #include "kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -20,6 +21,7 @@
 
 #include <immintrin.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "kernels/cpu/row_groups.h"
 #include "kernels/cpu/simd_x86.h"
@@ -177,6 +179,23 @@ AI void split8(float *lo, float *hi, __m512 v)
     _mm256_storeu_ps(hi, _mm512_extractf32x8_ps(v, 1));
 }
 
+/* A zmm tile's end: merged into y (the last block) or its lane sums back to scratch. */
+AI void ztile_finish(const struct dtile *m, __m512 (*acc)[4], int NT)
+{
+    _Pragma("GCC unroll 3")
+    for (int q = 0; q < 3; q++)
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++) {
+            if (m->last) {
+                __m128 v = merge8x2(acc[q][j]);
+                m->y[j * m->ldy + 2 * q] = _mm_cvtss_f32(v);
+                m->y[j * m->ldy + 2 * q + 1] = _mm_cvtss_f32(_mm_movehl_ps(v, v));
+            } else
+                split8(m->acc + 2 * q * m->lda + j * 8, m->acc + (2 * q + 1) * m->lda + j * 8,
+                       acc[q][j]);
+        }
+}
+
 /* The few-token tile of 6 rows (two whole row groups, A and B = A + grp_off) × NT tokens over f32,
  * f16 or bf16 weights in row groups: rows in pairs (0,1), (2,3), (4,5), one zmm each, whose halves
  * are the eight lanes of the two rows, so that one conversion and one FMA serve two rows; pairs
@@ -246,18 +265,81 @@ AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT)
                 acc[q][j] = _mm512_fmadd_ps(w[q], xv, acc[q][j]);
         }
     }
+    ztile_finish(m, acc, NT);
+}
+
+/* The eight weights [8s, 8s + 8) of the Q8_0 blocks at lo and hi as one zmm, lo's in the low half,
+ * each d·q (exact in f32, as ld_q8). */
+AI __m512 ld_q8_pair(const char *lo, const char *hi, int s, __m512 d)
+{
+    __m128d q = _mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)(lo + 2 + 8 * s)));
+    q = _mm_loadh_pd(q, (const double *)(hi + 2 + 8 * s));
+    __m512i v = _mm512_cvtepi8_epi32(_mm_castpd_si128(q));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(v), d);
+}
+
+/* The scales of the Q8_0 blocks at lo and hi, eight lanes each. */
+AI __m512 q8_scale_pair(const char *lo, const char *hi)
+{
+    uint16_t a, b;
+    memcpy(&a, lo, 2);
+    memcpy(&b, hi, 2);
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(a | (uint32_t)b << 16)));
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
+}
+
+/* ztile_run over Q8_0 row groups: the same row pairs, one scale pair per 32-element block and four
+ * steps under it. Converting two rows' weights per instruction halves the int8 conversion that
+ * bounds the AVX2 tiles. */
+AI void ztile_q8_run(const struct dtile *m, int NT)
+{
+    const float *xp[4];
+    __m512 acc[3][4];
+    int64_t us = m->g.unit_stride, ro = m->g.row_off, go = m->grp_off;
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NT; j++)
+        xp[j] = m->x + j * m->ldx;
     _Pragma("GCC unroll 3")
     for (int q = 0; q < 3; q++)
         _Pragma("GCC unroll 4")
-        for (int j = 0; j < NT; j++) {
-            if (m->last) {
-                __m128 v = merge8x2(acc[q][j]);
-                m->y[j * m->ldy + 2 * q] = _mm_cvtss_f32(v);
-                m->y[j * m->ldy + 2 * q + 1] = _mm_cvtss_f32(_mm_movehl_ps(v, v));
-            } else
-                split8(m->acc + 2 * q * m->lda + j * 8, m->acc + (2 * q + 1) * m->lda + j * 8,
-                       acc[q][j]);
+        for (int j = 0; j < NT; j++)
+            acc[q][j] = m->first ? _mm512_setzero_ps()
+                                 : join8(m->acc + 2 * q * m->lda + j * 8,
+                                         m->acc + (2 * q + 1) * m->lda + j * 8);
+    int64_t kend = m->k0 + m->full;
+    const char *ua = m->w + m->k0 / PP_Q8_0_BLOCK * us;
+    for (int64_t k = m->k0; k < kend; k += PP_Q8_0_BLOCK, ua += us) {
+        const char *ub = ua + go;
+        const char *lo[3] = {ua, ua + 2 * ro, ub + ro}, *hi[3] = {ua + ro, ub, ub + 2 * ro};
+        if (m->pf) {
+            const char *pl = ua + m->pf;
+            if (m->pf_end && pl >= m->pf_end)
+                pl += m->pf_wrap;
+            _Pragma("GCC unroll 6")
+            for (int i = 0; i < 6; i++)
+                _mm_prefetch(pl + i / 3 * go + i % 3 * ro, PP_MM_PF_HINT);
         }
+        __m512 d[3];
+        _Pragma("GCC unroll 3")
+        for (int q = 0; q < 3; q++)
+            d[q] = q8_scale_pair(lo[q], hi[q]);
+        _Pragma("GCC unroll 4")
+        for (int s = 0; s < PP_Q8_0_BLOCK / 8; s++) {
+            __m512 w[3];
+            _Pragma("GCC unroll 3")
+            for (int q = 0; q < 3; q++)
+                w[q] = ld_q8_pair(lo[q], hi[q], s, d[q]);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NT; j++) {
+                __m512 xv = dup8(xp[j] + k + s * 8);
+                _Pragma("GCC unroll 3")
+                for (int q = 0; q < 3; q++)
+                    acc[q][j] = _mm512_fmadd_ps(w[q], xv, acc[q][j]);
+            }
+        }
+    }
+    ztile_finish(m, acc, NT);
 }
 
 #define ZTILE(name, dt, nt)                                                                        \
@@ -267,6 +349,15 @@ AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT)
     }
 /* n >= 2 tokens never leaves a tile of one (tiles of up to 4, as even as possible) */
 #define ZTILE_DT(name, dt) ZTILE(name, dt, 2) ZTILE(name, dt, 3) ZTILE(name, dt, 4)
+#define ZTILE_Q8(nt)                                                                               \
+    __attribute__((noinline)) static void ztile_q8_0_##nt(const struct dtile *m)                  \
+    {                                                                                              \
+        ztile_q8_run(m, nt);                                                                       \
+    }
+ZTILE_Q8(1)
+ZTILE_Q8(2)
+ZTILE_Q8(3)
+ZTILE_Q8(4)
 
 /* Few-token tiles over weights in row groups: two whole groups (6 rows, two streams of weights) as
  * zmm pairs (ztile_run) for 2 to 20 tokens in tiles of up to 4; the 1-3 row ymm tiles of the
@@ -276,24 +367,31 @@ AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT)
  * 15.6-15.9, 4: 12.2-12.3 → 15.7-15.8, 8: 7.2 → 9.9, 20: 3.5 → 4.8; bf16 at 4: 12.1-12.3 → 15.3;
  * f32 at 4: 12.6-13.0 → 15.4-15.6. With its weights in L2 (--row-div 64) f16 at 4 tokens runs
  * 26.0 GB/s against 21.1. The same nest with 6-row ymm tiles (24 ymm accumulators) gave 14.4 at 4
- * tokens. One token takes the AVX2 nest, which streams as fast as memory allows (the zmm tile:
- * 15.6-16.0 GB/s against 16.6-16.9 on one thread), and so does Q8_0, whose conversion is the bound
- * (6-row ymm tiles: 7.6 against 9.3 GB/s at 2 tokens, 6.6 against 7.1 at 4). */
+ * tokens. One token of f32, f16 or bf16 takes the AVX2 nest, which streams as fast as memory
+ * allows (the zmm tile: 15.6-16.0 GB/s against 16.6-16.9 on one thread). Q8_0, whose int8
+ * conversion bounds the AVX2 tiles, takes the zmm pairs from one token on (ztile_q8_run), as a
+ * fraction of one thread's read bandwidth (pp_bench_matmul --dtypes q8_0, PP_SIMD=avx2 then the
+ * default): 1 token 73.3% → 87.1%, 2: 60.2% → 81.2%, 4: 44.6% → 69.4%, 8: 22.9% → 35.5%,
+ * 20: 9.5% → 14.7%. With its weights in L2 (--row-div 64) one token runs 18.2 GB/s against 15.4. */
 #define DTILE_DT(name, dt)                                                                         \
     DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) ZTILE_DT(name, dt)
 DTILE_DT(f32, PP_DTYPE_F32)
 DTILE_DT(f16, PP_DTYPE_F16)
 DTILE_DT(bf16, PP_DTYPE_BF16)
-#define DTILE_TABLE(name)                                                                          \
+DTILE_MR(q8_0, PP_DTYPE_Q8_0, 1) DTILE_MR(q8_0, PP_DTYPE_Q8_0, 2) DTILE_MR(q8_0, PP_DTYPE_Q8_0, 3)
+#define DTILE_TABLE(name, z1)                                                                      \
     {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
      {NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL},                               \
-     {NULL, NULL, ztile_##name##_2, ztile_##name##_3, ztile_##name##_4}}
-static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16)};
+     {NULL, z1, ztile_##name##_2, ztile_##name##_3, ztile_##name##_4}}
+static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32, NULL), DTILE_TABLE(f16, NULL),
+                                         DTILE_TABLE(bf16, NULL),
+                                         DTILE_TABLE(q8_0, ztile_q8_0_1)};
 
 static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                const struct pp_mm_scratch *s)
 {
-    if (a->grouped && a->n >= 2 && a->n <= PP_MM_DIRECT_MAX_TOKENS && a->dtype != PP_DTYPE_Q8_0)
+    if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS &&
+        (a->n >= 2 || a->dtype == PP_DTYPE_Q8_0))
         pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS);
     else if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct_avx2(a, r0, r1, s);

@@ -385,8 +385,8 @@ static int dtype_index(enum pp_dtype dt)
  * whatever n, and the activations come from cache. Row-major rows go in groups of 4 with token
  * tiles of up to 3, or of 3 with tiles of up to 4, whichever needs fewer loads per FMA for this n
  * (counted for n <= 12). Weights in row groups go in their groups of 3, or two groups at a time (6
- * rows × tiles of up to 4 tokens; two streams of weights) when n <= two_groups and the dtype
- * is not Q8_0, whose conversion is the bound. */
+ * rows × tiles of up to 4 tokens; two streams of weights) when n <= two_groups and the table has
+ * 6-row tiles for the dtype. */
 AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                       const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][5], int two_groups)
 {
@@ -395,7 +395,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     if (n <= 0)
         return;
     int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
-    if (a->grouped && n <= two_groups && a->dtype != PP_DTYPE_Q8_0)
+    if (a->grouped && n <= two_groups && tab[2 * PP_ROW_GROUP * 5 + (n < 4 ? n : 4)])
         mr = 2 * PP_ROW_GROUP;
     int ntmax = mr == 4 ? 3 : 4;
     int64_t n_tiles = (n + ntmax - 1) / ntmax;
