@@ -167,9 +167,10 @@ int main(int argc, char **argv)
 
     double load0 = pp_bench_loadavg();
     double bw0 = pp_bench_read_bandwidth(threads);
-    printf("pp_bench_matmul: %d threads, %d tinyllama layers' matrices (1/%d of the rows; layout %s), "
-           "median of %d passes (load average %.2f, read bandwidth %.2f GB/s)\n", threads, layers,
-           row_div, layout, reps, load0, bw0 / 1e9);
+    printf(
+        "pp_bench_matmul: %d threads, %d tinyllama layers' matrices (1/%d of the rows; layout %s), "
+        "median of %d passes (load average %.2f, read bandwidth %.2f GB/s)\n",
+        threads, layers, row_div, layout, reps, load0, bw0 / 1e9);
     printf("%-6s %6s %-6s %10s %10s %9s %9s %9s %9s\n", "dtype", "tokens", "layout", "MB/pass",
            "median ms", "GB/s", "best GB/s", "cpu GB/s", "GFLOP/s");
     struct result res[64];

@@ -38,7 +38,8 @@ struct pp_arg {
 };
 
 /* Parses argv[0..argc) against args[n]. Returns 0, or 2 after printing the problem to stderr.
- * Positional arguments are refused unless `positional` is non-NULL (it then receives the first one). */
+ * Positional arguments are refused unless `positional` is non-NULL (it then receives the first
+ * one). */
 int pp_args_parse(const char *cmd, struct pp_arg *args, int n, int argc, char **argv,
                   const char **positional);
 /* Prints a usage block for the command to stdout. */

@@ -37,8 +37,9 @@ int pp_cmd_inspect(int argc, char **argv)
     if (st != PP_OK)
         return pp_cli_fail("inspect", st);
     struct pp_tokenizer *tok = NULL;
-    const char *tok_kind = pp_tokenizer_open(model, &tok) == PP_OK ? pp_tokenizer_kind_name(pp_tokenizer_kind(tok))
-                                                                   : NULL;
+    const char *tok_kind = pp_tokenizer_open(model, &tok) == PP_OK
+                               ? pp_tokenizer_kind_name(pp_tokenizer_kind(tok))
+                               : NULL;
     const char *format = c.format == PP_FORMAT_GGUF ? "gguf" : "hf";
     const char *rope = c.rope_layout == PP_ROPE_NEOX ? "rotate-half" : "interleaved";
     if (json) {
@@ -84,7 +85,8 @@ int pp_cmd_inspect(int argc, char **argv)
                c.sliding_window ? " (sliding window)" : "");
         printf("  rope        %s, theta %g%s\n", rope, c.rope_theta,
                c.rope_scaling.llama3 ? ", llama3 scaling" : "");
-        printf("  embeddings  %s\n", c.tied_embeddings ? "tied to the LM head" : "separate LM head");
+        printf("  embeddings  %s\n",
+               c.tied_embeddings ? "tied to the LM head" : "separate LM head");
         if (c.n_experts > 0)
             printf("  experts     %d, %d per token (%s), expert ffn %d, shared expert ffn %d\n",
                    c.n_experts, c.n_experts_used,

@@ -63,7 +63,8 @@ static void on_text(void *ud, const char *s, size_t n)
     }
 }
 
-static void print_json(const struct pp_gen_request *req, const struct pp_gen_result *res, int has_tok)
+static void print_json(const struct pp_gen_request *req, const struct pp_gen_result *res,
+                       int has_tok)
 {
     struct pp_json j;
     pp_json_init(&j);
@@ -181,7 +182,8 @@ int pp_cmd_run(int argc, char **argv)
         {"threads", PP_ARG_INT, &o.threads, 1, 1024, "compute threads (default: online CPUs)"},
         {"tp", PP_ARG_INT, &o.tp, 1, 64,
          "tensor-parallel workers, each with threads/tp threads (default 1; --ep alone sets it)"},
-        {"ep", PP_ARG_INT, &o.ep, 1, 64, "expert groups among the workers (MoE models; divides tp)"},
+        {"ep", PP_ARG_INT, &o.ep, 1, 64,
+         "expert groups among the workers (MoE models; divides tp)"},
         {"ctx", PP_ARG_INT, &o.ctx, 1, 1 << 24, "context length (default: the model's)"},
         {"device", PP_ARG_STRING, &o.device, 0, 0,
          "auto | cpu | cuda:N[,N...] (default auto: the GPUs when present, else the CPU; a GPU "
@@ -189,7 +191,8 @@ int pp_cmd_run(int argc, char **argv)
         {"cpu-weights", PP_ARG_STRING, &o.cpu_weights, 0, 0,
          "copy | map: the CPU copies weights into huge-page memory (default; faster decode) or "
          "computes from the mapped model file (no copy)"},
-        {"dump-logits", PP_ARG_STRING, &o.dump_logits, 0, 0, "write f32 logits per generated token"},
+        {"dump-logits", PP_ARG_STRING, &o.dump_logits, 0, 0,
+         "write f32 logits per generated token"},
         {"json", PP_ARG_FLAG, &o.json, 0, 0, "print one JSON line instead of streaming text"},
         {"log-level", PP_ARG_STRING, &o.log_level, 0, 0, "debug|info|warn|error (default warn)"},
         {"help", PP_ARG_FLAG, &o.help, 0, 0, "show this help"},
@@ -198,7 +201,8 @@ int pp_cmd_run(int argc, char **argv)
     int rc = pp_args_parse("run", args, n, argc, argv, NULL);
     if (rc != 0 || o.help) {
         if (o.help)
-            pp_args_usage("run", "--model PATH (--prompt TEXT | --prompt-ids 1,2,3) [flags]", args, n);
+            pp_args_usage("run", "--model PATH (--prompt TEXT | --prompt-ids 1,2,3) [flags]", args,
+                          n);
         pp_id_list_free(&o.prompt_ids);
         return rc;
     }

@@ -1,5 +1,5 @@
-/* The project allocator: malloc/calloc/free that count live bytes per category (for metrics) and can
- * be told to fail the Nth allocation (for tests of error paths). Thread-safe. Memory from
+/* The project allocator: malloc/calloc/free that count live bytes per category (for metrics) and
+ * can be told to fail the Nth allocation (for tests of error paths). Thread-safe. Memory from
  * pp_alloc/pp_calloc must be released with pp_free and the same category. */
 #ifndef PP_ALLOC_H
 #define PP_ALLOC_H
@@ -11,11 +11,10 @@
 extern "C" {
 #endif
 
-
 enum pp_mem_category {
     PP_MEM_MISC = 0,
-    PP_MEM_WEIGHTS,     /* weights repacked or converted at load (mmapped weights are not counted) */
-    PP_MEM_KV,          /* the KV cache pool */
+    PP_MEM_WEIGHTS, /* weights repacked or converted at load (mmapped weights are not counted) */
+    PP_MEM_KV,      /* the KV cache pool */
     PP_MEM_ACTIVATIONS, /* executor scratch buffers */
     PP_MEM_RPC,         /* messages in flight */
     PP_MEM_CATEGORY_COUNT

@@ -24,7 +24,9 @@ static const char *type_words(const struct pp_cfg_key *k, char *buf, size_t cap)
     case PP_CFG_INT: snprintf(buf, cap, "an integer in [%.0f, %.0f]", k->min, k->max); break;
     case PP_CFG_FLOAT: snprintf(buf, cap, "a number in [%g, %g]", k->min, k->max); break;
     case PP_CFG_BOOL: snprintf(buf, cap, "true or false"); break;
-    case PP_CFG_STRING: snprintf(buf, cap, "a string of at most %d bytes", PP_CFG_STR_MAX - 1); break;
+    case PP_CFG_STRING:
+        snprintf(buf, cap, "a string of at most %d bytes", PP_CFG_STR_MAX - 1);
+        break;
     case PP_CFG_INTS:
         snprintf(buf, cap, "a list of at most %d integers in [%.0f, %.0f]", PP_CFG_INTS_MAX,
                  k->min, k->max);
@@ -212,7 +214,8 @@ pp_status pp_config_from_args(const struct pp_cfg_key *keys, int n_keys, void *d
     pp_status st;
     for (int i = 0; i < argc; i++) /* the file first, so flags override it */
         if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0) {
-            const char *path = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[i + 1] : NULL);
+            const char *path =
+                argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[i + 1] : NULL);
             if (!path)
                 return pp_error(PP_ERR_INVALID_ARG, "--config needs a file path");
             if ((st = pp_config_load_file(keys, n_keys, dest, path)) != PP_OK)
@@ -232,7 +235,8 @@ pp_status pp_config_from_args(const struct pp_cfg_key *keys, int n_keys, void *d
         const char *value = eq ? eq + 1 : NULL;
         if (!value) {
             const struct pp_cfg_key *k = find_key(keys, n_keys, name);
-            if (k && k->type == PP_CFG_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0))
+            if (k && k->type == PP_CFG_BOOL &&
+                (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0))
                 value = "true"; /* a bare boolean flag */
             else if (i + 1 < argc)
                 value = argv[++i];
@@ -258,7 +262,9 @@ void pp_config_usage(const struct pp_cfg_key *keys, int n_keys, const void *dest
         switch (k->type) {
         case PP_CFG_INT: snprintf(cur, sizeof(cur), "%lld", (long long)*(const int64_t *)p); break;
         case PP_CFG_FLOAT: snprintf(cur, sizeof(cur), "%g", *(const double *)p); break;
-        case PP_CFG_BOOL: snprintf(cur, sizeof(cur), "%s", *(const int *)p ? "true" : "false"); break;
+        case PP_CFG_BOOL:
+            snprintf(cur, sizeof(cur), "%s", *(const int *)p ? "true" : "false");
+            break;
         case PP_CFG_STRING: snprintf(cur, sizeof(cur), "\"%s\"", p); break;
         case PP_CFG_INTS: {
             const struct pp_cfg_ints *l = (const void *)p;
@@ -284,7 +290,7 @@ pp_status pp_config_check_address(const char *key, const char *value)
 pp_status pp_config_check_log_level(const char *key, const char *value)
 {
     if (pp_log_level_parse(value) < 0)
-        return pp_error(PP_ERR_INVALID_ARG, "key '%s': expected debug, info, warn or error, got '%s'",
-                        key, value);
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "key '%s': expected debug, info, warn or error, got '%s'", key, value);
     return PP_OK;
 }

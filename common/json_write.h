@@ -1,6 +1,6 @@
-/* A small JSON writer into a growable buffer, for CLI output and results files. It needs no library,
- * so the engine-only build has it too. Strings are escaped and invalid UTF-8 becomes U+FFFD, so the
- * output is always valid JSON. */
+/* A small JSON writer into a growable buffer, for CLI output and results files. It needs no
+ * library, so the engine-only build has it too. Strings are escaped and invalid UTF-8 becomes
+ * U+FFFD, so the output is always valid JSON. */
 #ifndef PP_JSON_WRITE_H
 #define PP_JSON_WRITE_H
 

@@ -73,8 +73,10 @@ void pp_log_write(enum pp_log_level level, const char *file, int line, const cha
     if (log_json) {
         char esc[4200];
         json_escape(esc, sizeof(esc), msg);
-        fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"role\":\"%s\",\"src\":\"%s:%d\",\"msg\":\"%s\"}\n",
-                when, level_names[level], log_role, base, line, esc);
+        fprintf(
+            stderr,
+            "{\"ts\":\"%s\",\"level\":\"%s\",\"role\":\"%s\",\"src\":\"%s:%d\",\"msg\":\"%s\"}\n",
+            when, level_names[level], log_role, base, line, esc);
     } else {
         fprintf(stderr, "%s %-5s [%s] %s (%s:%d)\n", when, level_names[level], log_role, msg, base,
                 line);

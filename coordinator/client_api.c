@@ -31,7 +31,8 @@ static pp_status build_request(struct coordinator *co, const Ppserve__V1__Genera
     if (has_text && !co->tok)
         return pp_error(PP_ERR_INVALID_ARG, "prompt: this model has no tokenizer; send prompt_ids");
     if (g->n_stop > 0 && !co->tok)
-        return pp_error(PP_ERR_INVALID_ARG, "stop strings need a tokenizer, and this model has none");
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "stop strings need a tokenizer, and this model has none");
     int32_t *ids = NULL, n = 0;
     if (has_text) {
         if ((st = pp_tokenizer_encode(co->tok, g->prompt, strlen(g->prompt),
@@ -299,7 +300,8 @@ static pp_status on_trace(void *ud, const ProtobufCMessage *msg, struct pp_buf *
     const Ppserve__V1__TraceRequest *req = (const Ppserve__V1__TraceRequest *)msg;
     pthread_mutex_lock(&co->mu);
     uint64_t kept = co->n_trace < CO_TRACE_KEEP ? co->n_trace : CO_TRACE_KEEP;
-    uint64_t n = req->max_microbatches && req->max_microbatches < kept ? req->max_microbatches : kept;
+    uint64_t n =
+        req->max_microbatches && req->max_microbatches < kept ? req->max_microbatches : kept;
     Ppserve__V1__MicrobatchTrace *mt = pp_calloc(PP_MEM_RPC, n ? n : 1, sizeof(*mt));
     Ppserve__V1__MicrobatchTrace **mp = pp_calloc(PP_MEM_RPC, n ? n : 1, sizeof(*mp));
     Ppserve__V1__StageSpan **spans = pp_calloc(PP_MEM_RPC, (n ? n : 1) * CO_MAX_STAGES,

@@ -141,7 +141,8 @@ struct coordinator {
     int stop;                        /* the release thread ends */
     int draining;                    /* SIGTERM: new requests are refused */
     volatile int *interrupted;       /* set by the signal handler */
-    struct pp_rpc_channel *retired[4 * CO_MAX_STAGES]; /* channels of dropped stages, freed at exit */
+    struct pp_rpc_channel
+        *retired[4 * CO_MAX_STAGES]; /* channels of dropped stages, freed at exit */
     int n_retired;
     /* stages, in pipeline order once assigned */
     struct co_stage stages[CO_MAX_STAGES];

@@ -1,5 +1,6 @@
-/* The coordinator's configuration: one typed table (coordinator_config.c) read from a libconfig file
- * (deploy/config/coordinator.cfg documents every key) and overridden by `--key value` flags. */
+/* The coordinator's configuration: one typed table (coordinator_config.c) read from a libconfig
+ * file (deploy/config/coordinator.cfg documents every key) and overridden by `--key value` flags.
+ */
 #ifndef PP_COORDINATOR_CONFIG_H
 #define PP_COORDINATOR_CONFIG_H
 

@@ -169,7 +169,8 @@ void co_stage_drop(struct coordinator *co, int i)
     if (co->stages[i].ch && co->n_retired < (int)(sizeof(co->retired) / sizeof(co->retired[0])))
         co->retired[co->n_retired++] = co->stages[i].ch;
     /* keep the pipeline order of the others */
-    memmove(&co->stages[i], &co->stages[i + 1], (size_t)(co->n_stages - i - 1) * sizeof(co->stages[0]));
+    memmove(&co->stages[i], &co->stages[i + 1],
+            (size_t)(co->n_stages - i - 1) * sizeof(co->stages[0]));
     co->n_stages--;
     co->stages_gen++;
 }

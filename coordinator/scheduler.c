@@ -342,7 +342,8 @@ void co_handle_results(struct coordinator *co, const Ppserve__V1__Results *r)
     co_trace_record(co, &mb, r);
 
     if (r->error && r->error[0]) {
-        pp_status st = r->error_code ? pp_rpc_status_from_code((int)r->error_code) : PP_ERR_INTERNAL;
+        pp_status st =
+            r->error_code ? pp_rpc_status_from_code((int)r->error_code) : PP_ERR_INTERNAL;
         PP_WARN("microbatch failed id=%llu: %s", (unsigned long long)mb.id, r->error);
         for (int i = 0; i < mb.n_parts; i++)
             request_done(co, mb.parts[i].req, st, r->error);

@@ -226,7 +226,8 @@ pp_status co_setup_pipeline(struct coordinator *co)
         s->last = layer + counts[i];
         layer = s->last;
         size_t used = strlen(ranges);
-        snprintf(ranges + used, sizeof(ranges) - used, "%s[%d,%d)", i ? " " : "", s->first, s->last);
+        snprintf(ranges + used, sizeof(ranges) - used, "%s[%d,%d)", i ? " " : "", s->first,
+                 s->last);
     }
     PP_INFO("partition stages=%d layers=%s (%s)", n, ranges,
             co->cfg.layers.n > 0 ? "configured" : "planned from measured speed");

@@ -1,11 +1,11 @@
-/* The compute-backend interface: one table of function pointers that the CPU backend (the reference)
- * and the CUDA backend fill. The executor calls only these. kernels/ knows no model file and no
- * network: a weight is a pointer, a dtype and a shape; the KV cache is a paged view described by
- * struct pp_kv_view.
+/* The compute-backend interface: one table of function pointers that the CPU backend (the
+ * reference) and the CUDA backend fill. The executor calls only these. kernels/ knows no model file
+ * and no network: a weight is a pointer, a dtype and a shape; the KV cache is a paged view
+ * described by struct pp_kv_view.
  *
- * Memory. Every tensor an op reads or writes (activations, the KV pool, loaded weights) lives in the
- * backend's memory: plain host memory for the CPU backend, device memory for CUDA. Buffers come from
- * buf_alloc; data crosses with copy_in / copy_out; weights and 1-D vectors of a model are made
+ * Memory. Every tensor an op reads or writes (activations, the KV pool, loaded weights) lives in
+ * the backend's memory: plain host memory for the CPU backend, device memory for CUDA. Buffers come
+ * from buf_alloc; data crosses with copy_in / copy_out; weights and 1-D vectors of a model are made
  * usable with weight_load / vec_load (the CPU copies weights into huge-page host memory, or maps
  * them in place when told to, and uses vectors in place). Small metadata stays in host
  * memory on every backend: positions, sequence descriptions and their block tables, token ids, row
@@ -57,7 +57,8 @@ enum pp_rope_layout {
 };
 
 /* A paged KV cache as the kernels see it. Block b, local layer l holds K then V, each
- * [block_size, n_kv_heads * head_dim] f32, at pool + ((b * n_layers + l) * 2 + {0,1}) * block_elems. */
+ * [block_size, n_kv_heads * head_dim] f32, at pool + ((b * n_layers + l) * 2 + {0,1}) *
+ * block_elems. */
 struct pp_kv_view {
     float *pool;
     int32_t n_layers;   /* layers held by this cache (the executor's range) */
@@ -66,8 +67,8 @@ struct pp_kv_view {
     int64_t block_elems; /* block_size * kv_dim */
 };
 
-/* One sequence's slice of a batch: its tokens occupy rows [row, row + n_tokens) of the batch and sit
- * at positions [pos, pos + n_tokens) of the sequence. */
+/* One sequence's slice of a batch: its tokens occupy rows [row, row + n_tokens) of the batch and
+ * sit at positions [pos, pos + n_tokens) of the sequence. */
 struct pp_attn_seq {
     int32_t row;
     int32_t n_tokens;
@@ -129,7 +130,8 @@ struct pp_backend_ops {
                           const float **out);
     void (*vec_free)(struct pp_backend *be, const float *v);
 
-    /* --- compute: every float pointer below is backend memory unless it says host -------------- */
+    /* --- compute: every float pointer below is backend memory unless it says host --------------
+     */
     /* y[n, w.rows] = x[n, w.cols] · wᵀ (w as loaded by weight_load). */
     void (*matmul)(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
                    int64_t n);
@@ -150,7 +152,8 @@ struct pp_backend_ops {
                       const struct pp_kv_view *kv, int32_t layer, const struct pp_attn_seq *seqs,
                       int32_t n_seqs, const struct pp_attn_shape *shape);
     /* out[n, f] = silu(gate) * up. */
-    void (*swiglu)(struct pp_backend *be, float *out, const float *gate, const float *up, int64_t n);
+    void (*swiglu)(struct pp_backend *be, float *out, const float *gate, const float *up,
+                   int64_t n);
     /* y[n] += x[n]. */
     void (*add)(struct pp_backend *be, float *y, const float *x, int64_t n);
     /* y[n, cols] += b[cols] for each of n rows. */

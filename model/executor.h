@@ -1,7 +1,8 @@
 /* The layer-range executor: runs the layers [first, last) of an opened model over a batch of
  * sequences, keeping their KV in its own paged cache. The first range turns token ids into hidden
- * states; the last range turns hidden states into logits; a middle range maps hidden states to hidden
- * states. This is what a pipeline stage calls per microbatch and what `ppserve run` calls per step.
+ * states; the last range turns hidden states into logits; a middle range maps hidden states to
+ * hidden states. This is what a pipeline stage calls per microbatch and what `ppserve run` calls
+ * per step.
  *
  * Determinism: a token's outputs depend only on its own sequence (ids and positions), never on the
  * other sequences in the batch, the thread count or how the batch is split internally.
@@ -17,8 +18,10 @@
 #include "model/model.h"
 
 struct pp_executor_opts {
-    int32_t max_batch_tokens; /* rows computed together; larger batches run in windows (default 256) */
-    int64_t kv_budget_bytes;  /* KV cache size (default: room for max_seqs × the context, capped at 1 GiB) */
+    int32_t
+        max_batch_tokens; /* rows computed together; larger batches run in windows (default 256) */
+    int64_t kv_budget_bytes; /* KV cache size (default: room for max_seqs × the context, capped at 1
+                                GiB) */
     int32_t kv_block_size;    /* tokens per KV block (default 16) */
     int32_t max_seqs;         /* sequences alive at once (default 64) */
     int32_t max_context;      /* 0: the model's context length */

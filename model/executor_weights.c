@@ -127,7 +127,8 @@ static pp_status load_layer(const struct loader *ld, const struct pp_model_confi
     pp_status st = PP_OK;
     for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]) && st == PP_OK; i++)
         st = load_weight(ld, ws[i].src, ws[i].dst);
-    int64_t q_dim = (int64_t)s->n_heads * c->head_dim, kv_dim = (int64_t)s->n_kv_heads * c->head_dim;
+    int64_t q_dim = (int64_t)s->n_heads * c->head_dim,
+            kv_dim = (int64_t)s->n_kv_heads * c->head_dim;
     if (st == PP_OK && (st = load_vec(ld, src->attn_norm, c->dim, &dst->attn_norm)) ==
                            PP_OK &&
         (st = load_vec(ld, src->ffn_norm, c->dim, &dst->ffn_norm)) == PP_OK &&

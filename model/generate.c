@@ -119,7 +119,8 @@ pp_status pp_generate(struct pp_executor *ex, const struct pp_tokenizer *tok,
     if (req->max_tokens < 0)
         return pp_error(PP_ERR_INVALID_ARG, "max_tokens: expected >= 0, got %d", req->max_tokens);
     if (req->n_stops > 0 && !tok)
-        return pp_error(PP_ERR_INVALID_ARG, "stop strings need a tokenizer, and this model has none");
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "stop strings need a tokenizer, and this model has none");
     pp_status st = pp_sampling_validate(&req->sampling);
     if (st != PP_OK)
         return st;

@@ -148,7 +148,8 @@ static pp_status parse_tensors(struct pp_gguf *g, struct cursor *c)
         for (uint32_t d = 0; d < n_dims; d++) {
             if ((st = read_u64(c, &dims[d], "a tensor dimension")) != PP_OK)
                 return st;
-            if (dims[d] == 0 || dims[d] > ((uint64_t)1 << 40) || elems > ((uint64_t)1 << 50) / dims[d])
+            if (dims[d] == 0 || dims[d] > ((uint64_t)1 << 40) ||
+                elems > ((uint64_t)1 << 50) / dims[d])
                 return pp_error(PP_ERR_FORMAT, "%s: tensor %.*s has an invalid dimension %llu",
                                 g->path, (int)ti->name.len, ti->name.ptr,
                                 (unsigned long long)dims[d]);
@@ -159,20 +160,25 @@ static pp_status parse_tensors(struct pp_gguf *g, struct cursor *c)
             (st = read_u64(c, &offset, "a tensor offset")) != PP_OK)
             return st;
         if (ggml_type_to_dtype(ggml_type, &ti->t.dtype) != PP_OK)
-            return pp_error(PP_ERR_UNSUPPORTED,
-                            "%s: tensor %.*s has ggml type %u (supported: F32=0, F16=1, Q8_0=8, BF16=30)",
-                            g->path, (int)ti->name.len, ti->name.ptr, ggml_type);
+            return pp_error(
+                PP_ERR_UNSUPPORTED,
+                "%s: tensor %.*s has ggml type %u (supported: F32=0, F16=1, Q8_0=8, BF16=30)",
+                g->path, (int)ti->name.len, ti->name.ptr, ggml_type);
         ti->t.n_dims = (int32_t)n_dims;
         for (uint32_t d = 0; d < n_dims; d++)
             ti->t.shape[d] = (int64_t)dims[n_dims - 1 - d];
         if (offset % g->alignment != 0)
-            return pp_error(PP_ERR_FORMAT, "%s: tensor %.*s offset %llu is not a multiple of the alignment %llu",
+            return pp_error(PP_ERR_FORMAT,
+                            "%s: tensor %.*s offset %llu is not a multiple of the alignment %llu",
                             g->path, (int)ti->name.len, ti->name.ptr, (unsigned long long)offset,
                             (unsigned long long)g->alignment);
-        ti->t.data = (const void *)(uintptr_t)offset; /* made absolute once the data start is known */
+        /* made absolute once the data start is known */
+        ti->t.data = (const void *)(uintptr_t)offset;
         if (ti->t.dtype == PP_DTYPE_Q8_0 && dims[0] % PP_Q8_0_BLOCK != 0)
-            return pp_error(PP_ERR_FORMAT, "%s: Q8_0 tensor %.*s has a row length %llu that is not a multiple of 32",
-                            g->path, (int)ti->name.len, ti->name.ptr, (unsigned long long)dims[0]);
+            return pp_error(
+                PP_ERR_FORMAT,
+                "%s: Q8_0 tensor %.*s has a row length %llu that is not a multiple of 32", g->path,
+                (int)ti->name.len, ti->name.ptr, (unsigned long long)dims[0]);
     }
     return PP_OK;
 }
@@ -210,8 +216,9 @@ static pp_status parse(struct pp_gguf *g)
     if ((st = read_u32(&c, &magic, "the magic")) != PP_OK)
         return st;
     if (magic != GGUF_MAGIC)
-        return pp_error(PP_ERR_FORMAT, "%s: not a GGUF file (magic 0x%08x, expected 0x%08x \"GGUF\")",
-                        g->path, magic, GGUF_MAGIC);
+        return pp_error(PP_ERR_FORMAT,
+                        "%s: not a GGUF file (magic 0x%08x, expected 0x%08x \"GGUF\")", g->path,
+                        magic, GGUF_MAGIC);
     if ((st = read_u32(&c, &g->version, "the version")) != PP_OK ||
         (st = read_u64(&c, &n_tensors, "the tensor count")) != PP_OK ||
         (st = read_u64(&c, &n_kv, "the metadata count")) != PP_OK)
@@ -221,9 +228,11 @@ static pp_status parse(struct pp_gguf *g)
                         g->version);
     /* each entry takes at least 8 bytes (its name's length), a bound that rejects absurd counts */
     if (n_tensors > (uint64_t)g->file.size / 8 || n_kv > (uint64_t)g->file.size / 8)
-        return pp_error(PP_ERR_FORMAT, "%s: header claims %llu tensors and %llu metadata keys, more "
-                        "than a %lld-byte file can hold", g->path, (unsigned long long)n_tensors,
-                        (unsigned long long)n_kv, (long long)g->file.size);
+        return pp_error(PP_ERR_FORMAT,
+                        "%s: header claims %llu tensors and %llu metadata keys, more "
+                        "than a %lld-byte file can hold",
+                        g->path, (unsigned long long)n_tensors, (unsigned long long)n_kv,
+                        (long long)g->file.size);
     g->n_kv = (int64_t)n_kv;
     g->n_tensors = (int64_t)n_tensors;
     g->kv = pp_calloc(PP_MEM_MISC, n_kv ? n_kv : 1, sizeof(*g->kv));
@@ -248,8 +257,9 @@ static pp_status parse(struct pp_gguf *g)
         if ((st = pp_gguf_get_i64(g, "general.alignment", &a)) != PP_OK)
             return st;
         if (a <= 0 || (a & (a - 1)) != 0 || a > 65536)
-            return pp_error(PP_ERR_FORMAT, "%s: general.alignment %lld is not a power of two <= 65536",
-                            g->path, (long long)a);
+            return pp_error(PP_ERR_FORMAT,
+                            "%s: general.alignment %lld is not a power of two <= 65536", g->path,
+                            (long long)a);
         g->alignment = (uint64_t)a;
     }
     if ((st = parse_tensors(g, &c)) != PP_OK)

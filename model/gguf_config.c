@@ -126,7 +126,8 @@ pp_status pp__gguf_read_config(const struct pp_gguf *g, const char *path,
     }
     c->tied_embeddings = pp_gguf_tensor(g, "output.weight") == NULL;
     int64_t id;
-    if (pp_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &id) == PP_OK && id >= 0 && id < INT32_MAX)
+    if (pp_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &id) == PP_OK && id >= 0 &&
+        id < INT32_MAX)
         c->bos_id = (int32_t)id;
     if (pp_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &id) == PP_OK)
         pp_model_config_add_eos(c, id);

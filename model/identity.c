@@ -1,5 +1,5 @@
-/* The model fingerprint. Each tensor gets its own digest; the digests are added lane by lane, so the
- * result does not depend on the order tensors are listed or split into shards. */
+/* The model fingerprint. Each tensor gets its own digest; the digests are added lane by lane, so
+ * the result does not depend on the order tensors are listed or split into shards. */
 #include "model/identity.h"
 
 #include <stdio.h>

@@ -1,4 +1,5 @@
-/* Block pool and block tables. A LIFO free list reuses the most recently freed (cache-warm) block. */
+/* Block pool and block tables. A LIFO free list reuses the most recently freed (cache-warm) block.
+ */
 #include "model/kv_cache.h"
 
 #include "common/alloc.h"
@@ -18,9 +19,10 @@ static pp_status cache_new(int32_t n_layers, int32_t kv_dim, int32_t block_size,
     int64_t block_bytes = pp_kv_block_bytes(n_layers, kv_dim, block_size);
     int64_t n_blocks = budget_bytes / block_bytes;
     if (n_blocks < 1)
-        return pp_error(PP_ERR_INVALID_ARG,
-                        "kv cache: a budget of %lld bytes holds no block (one block takes %lld bytes)",
-                        (long long)budget_bytes, (long long)block_bytes);
+        return pp_error(
+            PP_ERR_INVALID_ARG,
+            "kv cache: a budget of %lld bytes holds no block (one block takes %lld bytes)",
+            (long long)budget_bytes, (long long)block_bytes);
     if (n_blocks > INT32_MAX / 2)
         n_blocks = INT32_MAX / 2;
     struct pp_kv_cache *c = pp_calloc(PP_MEM_MISC, 1, sizeof(*c));

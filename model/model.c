@@ -163,7 +163,8 @@ static pp_status bind_dense_ffn(struct pp__binder *b, int32_t layer, struct pp_l
 static pp_status bind_layer(struct pp__binder *b, int32_t layer, struct pp_layer_weights *lw)
 {
     const struct pp_model_config *c = &b->m->cfg;
-    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim,
+            kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
     char name[96];
     pp_status st;
 #define NAME(suffix) (snprintf(name, sizeof(name), "blk.%d." suffix, layer), name)
@@ -248,8 +249,9 @@ pp_status pp_model_open(const char *path, int32_t first, int32_t last, struct pp
         last = m->cfg.n_layers;
     if (first < 0 || first >= last || last > m->cfg.n_layers) {
         pp_model_free(m);
-        return pp_error(PP_ERR_INVALID_ARG, "layer range [%d, %d) is not inside [0, %d) or is empty",
-                        first, last, m->cfg.n_layers);
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "layer range [%d, %d) is not inside [0, %d) or is empty", first, last,
+                        m->cfg.n_layers);
     }
     m->first_layer = first;
     m->last_layer = last;

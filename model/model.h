@@ -1,6 +1,7 @@
-/* A model opened for one contiguous layer range [first, last): the weights of those layers, plus the
- * embedding when first == 0 and the final norm and LM head when last == n_layers. Large weights are
- * used in place from the mapped file(s); 1-D tensors (norms, biases) are converted to f32 at load. */
+/* A model opened for one contiguous layer range [first, last): the weights of those layers, plus
+ * the embedding when first == 0 and the final norm and LM head when last == n_layers. Large weights
+ * are used in place from the mapped file(s); 1-D tensors (norms, biases) are converted to f32 at
+ * load. */
 #ifndef PP_MODEL_H
 #define PP_MODEL_H
 
@@ -56,7 +57,7 @@ struct pp_model {
     struct pp_layer_weights *layers; /* [last_layer - first_layer] */
     float *inv_freq;            /* [head_dim/2] RoPE inverse frequencies */
     struct pp_source *source;   /* the open file(s); internal */
-    void **owned_copies;        /* weights realigned out of a misaligned file; freed with the model */
+    void **owned_copies; /* weights realigned out of a misaligned file; freed with the model */
     int32_t n_owned;
     int32_t cap_owned;          /* entries allocated in owned_copies */
     int resident;               /* 1: every weight and vector pointer above is already in the memory

@@ -36,8 +36,11 @@ struct pp_moe_scratch {
 
 /* The backend buffers of s, in one table for allocation and release. */
 #define BE_BUFS(s)                                                                                 \
-    {(void **)&(s)->logits, (void **)&(s)->pick_be, (void **)&(s)->weight_be, (void **)&(s)->xg,   \
-     (void **)&(s)->g,      (void **)&(s)->u,       (void **)&(s)->y,         (void **)&(s)->shared_w}
+    {                                                                                              \
+        (void **)&(s)->logits, (void **)&(s)->pick_be, (void **)&(s)->weight_be,                   \
+            (void **)&(s)->xg, (void **)&(s)->g, (void **)&(s)->u, (void **)&(s)->y,               \
+            (void **)&(s)->shared_w                                                                \
+    }
 
 pp_status pp_moe_scratch_new(struct pp_backend *be, const struct pp_model_config *c,
                              int64_t max_rows, int32_t max_ffn_rows, struct pp_moe_scratch **out)

@@ -18,9 +18,10 @@
 
 struct pp_moe_scratch; /* sized for max_rows tokens of a config */
 
-/* Scratch in be's memory (the backend pp_moe_ffn will run on) for up to max_rows tokens of config c, whose experts (and shared expert) have at most
- * max_ffn_rows gate/up rows each (<= 0: the larger of c's expert_ffn_dim and shared_ffn_dim, the
- * unsharded sizes). *out is freed with pp_moe_scratch_free. */
+/* Scratch in be's memory (the backend pp_moe_ffn will run on) for up to max_rows tokens of config
+ * c, whose experts (and shared expert) have at most max_ffn_rows gate/up rows each (<= 0: the
+ * larger of c's expert_ffn_dim and shared_ffn_dim, the unsharded sizes). *out is freed with
+ * pp_moe_scratch_free. */
 pp_status pp_moe_scratch_new(struct pp_backend *be, const struct pp_model_config *c,
                              int64_t max_rows, int32_t max_ffn_rows, struct pp_moe_scratch **out);
 void pp_moe_scratch_free(struct pp_moe_scratch *s); /* NULL-safe */

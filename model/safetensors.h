@@ -1,5 +1,5 @@
-/* safetensors reader: one mapped file, its JSON header parsed (jansson) into a tensor directory whose
- * data pointers are checked to lie inside the file. */
+/* safetensors reader: one mapped file, its JSON header parsed (jansson) into a tensor directory
+ * whose data pointers are checked to lie inside the file. */
 #ifndef PP_SAFETENSORS_H
 #define PP_SAFETENSORS_H
 

@@ -34,7 +34,8 @@ void pp_sampling_defaults(struct pp_sampling *s)
 pp_status pp_sampling_validate(const struct pp_sampling *s)
 {
     if (!(s->temperature >= 0.0f) || !isfinite(s->temperature) || s->temperature > 100.0f)
-        return pp_error(PP_ERR_INVALID_ARG, "temperature: expected 0 (greedy) or a value in (0, 100], got %g",
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "temperature: expected 0 (greedy) or a value in (0, 100], got %g",
                         s->temperature);
     if (s->top_k < 0)
         return pp_error(PP_ERR_INVALID_ARG, "top_k: expected 0 (off) or a positive count, got %d",
@@ -44,7 +45,8 @@ pp_status pp_sampling_validate(const struct pp_sampling *s)
     if (!(s->min_p >= 0.0f && s->min_p < 1.0f))
         return pp_error(PP_ERR_INVALID_ARG, "min_p: expected a value in [0, 1), got %g", s->min_p);
     if (!(s->repeat_penalty > 0.0f) || !isfinite(s->repeat_penalty) || s->repeat_penalty > 100.0f)
-        return pp_error(PP_ERR_INVALID_ARG, "repeat_penalty: expected a value in (0, 100] (1 = off), got %g",
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "repeat_penalty: expected a value in (0, 100] (1 = off), got %g",
                         s->repeat_penalty);
     return PP_OK;
 }

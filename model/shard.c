@@ -40,9 +40,10 @@ pp_status pp_shard_check(const struct pp_model_config *c, int32_t tp, int32_t ep
                         "(valid tp: %s)", source, tp, c->n_heads, ok);
     }
     if (c->n_kv_heads % tp != 0 && tp % c->n_kv_heads != 0)
-        return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d must divide the %d KV heads or be a "
-                        "multiple of them (so each worker's query heads read whole KV heads)", source, tp,
-                        c->n_kv_heads);
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "%s: tp %d must divide the %d KV heads or be a "
+                        "multiple of them (so each worker's query heads read whole KV heads)",
+                        source, tp, c->n_kv_heads);
     if (c->ffn_dim > 0 && c->ffn_dim < tp)
         return pp_error(PP_ERR_INVALID_ARG, "%s: tp %d exceeds the FFN size %d", source, tp,
                         c->ffn_dim);

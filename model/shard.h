@@ -7,9 +7,9 @@
  * shared).
  *
  * MoE layers (expert parallelism): the router is whole on every worker; the experts are split
- * into E groups (ep), each group's experts tensor-split W / E ways as above (gate/up rows in place, down
- * columns repacked); the shared expert is split W ways. Each worker's MoE output is then a partial
- * sum, completed by the same all-reduce as a dense FFN.
+ * into E groups (ep), each group's experts tensor-split W / E ways as above (gate/up rows in place,
+ * down columns repacked); the shared expert is split W ways. Each worker's MoE output is then a
+ * partial sum, completed by the same all-reduce as a dense FFN.
  *
  * KV heads: with W <= n_kv_heads each worker holds n_kv_heads / W of them; with W > n_kv_heads each
  * holds the one KV head its query heads read (replicated across W / n_kv_heads workers). */

@@ -103,9 +103,11 @@ static pp_status open_gguf(struct pp_source *s)
     const struct pp_tensor *rf = pp_gguf_tensor(s->gguf, "rope_freqs.weight");
     if (rf) {
         if (rf->dtype != PP_DTYPE_F32 || pp_tensor_elems(rf) != s->cfg.head_dim / 2)
-            return pp_error(PP_ERR_FORMAT, "%s: rope_freqs.weight: expected %d f32 values, got %lld "
-                            "%s values", s->path, s->cfg.head_dim / 2,
-                            (long long)pp_tensor_elems(rf), pp_dtype_name(rf->dtype));
+            return pp_error(PP_ERR_FORMAT,
+                            "%s: rope_freqs.weight: expected %d f32 values, got %lld "
+                            "%s values",
+                            s->path, s->cfg.head_dim / 2, (long long)pp_tensor_elems(rf),
+                            pp_dtype_name(rf->dtype));
         s->rope_divisors = rf->data;
     }
     return PP_OK;
@@ -157,7 +159,8 @@ void pp__source_free(struct pp_source *s)
     pp_free(PP_MEM_MISC, s);
 }
 
-pp_status pp__source_tensor(struct pp_source *s, const char *gguf_name, const struct pp_tensor **out)
+pp_status pp__source_tensor(struct pp_source *s, const char *gguf_name,
+                            const struct pp_tensor **out)
 {
     if (s->format == PP_FORMAT_GGUF) {
         *out = pp_gguf_tensor(s->gguf, gguf_name);

@@ -28,7 +28,8 @@ void pp__source_free(struct pp_source *s);
 
 /* Looks up a tensor by GGUF name. PP_ERR_NOT_FOUND (without a message) when the model lacks it.
  * HF MoE experts answer to the names of split GGUF files, blk.N.ffn_{gate,up,down}.E.weight. */
-pp_status pp__source_tensor(struct pp_source *s, const char *gguf_name, const struct pp_tensor **out);
+pp_status pp__source_tensor(struct pp_source *s, const char *gguf_name,
+                            const struct pp_tensor **out);
 
 /* Calls fn for every tensor of the model (every shard of an HF checkpoint is mapped). */
 typedef void (*pp__tensor_visit_fn)(void *ud, const char *name, size_t name_len,

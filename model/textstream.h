@@ -1,9 +1,9 @@
 /* Turns the bytes of generated tokens into text that is safe to show as it streams: a UTF-8
  * character split across tokens is held back until it completes, bytes that can never form a valid
- * character become U+FFFD (so the text is always valid UTF-8, as JSON and protobuf strings require),
- * text that might be the start of a stop string is held back until it is known not to be one, and a
- * stop string ends the stream (it and what follows are dropped). Used by `ppserve run` and by the
- * coordinator. Not thread-safe. */
+ * character become U+FFFD (so the text is always valid UTF-8, as JSON and protobuf strings
+ * require), text that might be the start of a stop string is held back until it is known not to be
+ * one, and a stop string ends the stream (it and what follows are dropped). Used by `ppserve run`
+ * and by the coordinator. Not thread-safe. */
 #ifndef PP_TEXTSTREAM_H
 #define PP_TEXTSTREAM_H
 

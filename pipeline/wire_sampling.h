@@ -1,5 +1,6 @@
 /* Sampling settings between the wire (ppserve.v1.Sampling, where every zero means "off") and the
- * sampler. Shared by the coordinator, which validates a request, and the last stage, which samples. */
+ * sampler. Shared by the coordinator, which validates a request, and the last stage, which samples.
+ */
 #ifndef PP_WIRE_SAMPLING_H
 #define PP_WIRE_SAMPLING_H
 

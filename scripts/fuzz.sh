@@ -33,7 +33,8 @@ for t in "${targets[@]}"; do
                   cp "$out/seed-moe/model.gguf" "$corpus/tiny-moe.gguf"
                   cp "$out/seed-qmoe/model.gguf" "$corpus/tiny-qwen2moe.gguf" ;;
             safetensors) cp "$out/seed/hf/model.safetensors" "$corpus/tiny.safetensors" ;;
-            tokenizer) printf 'Hello world, 12345 <s> \xe2\x96\x81 \xff\xfe caf\xc3\xa9 \xf0\x9f\x99\x82\n' \
+            tokenizer) printf \
+                'Hello world, 12345 <s> \xe2\x96\x81 \xff\xfe caf\xc3\xa9 \xf0\x9f\x99\x82\n' \
                            >"$corpus/text" ;;
         esac
     fi
@@ -43,6 +44,8 @@ for t in "${targets[@]}"; do
     max_len=300000
     [ "$t" = tokenizer ] && max_len=4096
     "$out/fuzz_$t" "$corpus" -max_total_time="$secs" -max_len="$max_len" -rss_limit_mb=4096 \
-        -print_final_stats=1 2>&1 | grep -E "stat::number_of_executed_units|stat::new_units_added|ERROR|SUMMARY|BINGO" || true
+        -print_final_stats=1 2>&1 \
+        | grep -E "stat::number_of_executed_units|stat::new_units_added|ERROR|SUMMARY|BINGO" \
+        || true
     cd - >/dev/null
 done

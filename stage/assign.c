@@ -2,9 +2,9 @@
  * host (the model name stays inside the model root, the copy there has the coordinator's identity,
  * the stage's tp/ep split the model, the layer range fits the model, the next hop matches the
  * range), drops the previous assignment, opens the model range with tp worker backends on the
- * stage's devices (CPU shards sharing the threads, or one GPU each) and a tensor-parallel executor, and opens the outgoing hop. Loading
- * runs in the handler: the server has more than one thread, so other calls are answered meanwhile.
- * Release frees sequences' KV and token history. */
+ * stage's devices (CPU shards sharing the threads, or one GPU each) and a tensor-parallel executor,
+ * and opens the outgoing hop. Loading runs in the handler: the server has more than one thread, so
+ * other calls are answered meanwhile. Release frees sequences' KV and token history. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

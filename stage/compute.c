@@ -231,8 +231,9 @@ static pp_status process(struct pp_stage *s, struct pp_stage_mb *mb, struct outb
                     (unsigned long long)h->microbatch_id, pp_rpc_code_name((int)error_code), err);
         }
     }
-    pp_status packed = a->last ? pack_results(a, h, &sp, error ? NULL : &sampled, error, error_code, box)
-                               : pack_hidden(a, h, &sp, rows, error, error_code, box);
+    pp_status packed =
+        a->last ? pack_results(a, h, &sp, error ? NULL : &sampled, error, error_code, box)
+                : pack_hidden(a, h, &sp, rows, error, error_code, box);
     if (packed != PP_OK) {
         if (ack == PP_OK) {
             ack = packed;

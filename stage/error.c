@@ -8,7 +8,8 @@
 pp_status pp_stage_error_wrap(pp_status st, const char *fmt, ...)
 {
     char detail[1024], prefix[512];
-    snprintf(detail, sizeof(detail), "%s", pp_error_detail()[0] ? pp_error_detail() : pp_strerror(st));
+    snprintf(detail, sizeof(detail), "%s",
+             pp_error_detail()[0] ? pp_error_detail() : pp_strerror(st));
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof(prefix), fmt, ap);

@@ -1,7 +1,7 @@
 /* ppserve-stage: a pipeline stage. It reads its configuration (file, then flags), serves
  * ppserve.v1.Stage and grpc.health.v1.Health, measures its speed, registers with the coordinator
- * and waits for an assignment; microbatches then flow in on Forward streams and out to the next hop.
- * SIGTERM or SIGINT drains it: health NOT_SERVING, no new microbatches, the queued ones finish
+ * and waits for an assignment; microbatches then flow in on Forward streams and out to the next
+ * hop. SIGTERM or SIGINT drains it: health NOT_SERVING, no new microbatches, the queued ones finish
  * within grace_ms, the hop closes, the server stops, exit 0. */
 #include <signal.h>
 #include <stdio.h>

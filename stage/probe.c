@@ -101,7 +101,8 @@ pp_status pp_stage_probe(const struct pp_device_spec *devices, int threads, int 
         struct pp_backend *be = p[r].be = bes[r];
         int64_t b, e;
         pp_shard_split(PROBE_ROWS, workers, r, 128, &b, &e);
-        p[r].slice = (struct pp_weight){w + (size_t)b * PROBE_COLS, PP_DTYPE_F16, e - b, PROBE_COLS};
+        p[r].slice =
+            (struct pp_weight){w + (size_t)b * PROBE_COLS, PP_DTYPE_F16, e - b, PROBE_COLS};
         if ((st = be->ops->reserve(be, PROBE_COLS, 1)) == PP_OK &&
             (st = be->ops->weight_load(be, &p[r].slice, 0, &p[r].loaded)) == PP_OK &&
             (st = be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS, PROBE_COLS * sizeof(float),

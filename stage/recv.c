@@ -40,7 +40,8 @@ void pp_stage_ack(struct pp_stage_inbound *in, uint64_t microbatch_id, pp_status
     ack.message = (char *)(status != PP_OK && message ? message : "");
     struct pp_buf b = {0};
     if (pp_rpc_pack(&ack.base, &b) == PP_OK)
-        pp_rpc_stream_send(in->st, b.data, b.len); /* fails only once the stream ended: no one to tell */
+        pp_rpc_stream_send(in->st, b.data,
+                           b.len); /* fails only once the stream ended: no one to tell */
     pp_buf_free(&b);
 }
 
@@ -66,10 +67,12 @@ static const char *dtype_name(int d)
 
 /* What the assembler cannot know: the dtype this stage takes and each part's token ids. */
 static pp_status check_microbatch(const struct pp_stage_inbound *in,
-                                  const Ppserve__V1__MicrobatchHeader *h, const struct pp_buf *payload)
+                                  const Ppserve__V1__MicrobatchHeader *h,
+                                  const struct pp_buf *payload)
 {
     unsigned long long id = (unsigned long long)h->microbatch_id;
-    int want = in->first_stage ? PPSERVE__V1__DTYPE__DTYPE_TOKEN_IDS : PPSERVE__V1__DTYPE__DTYPE_F32;
+    int want =
+        in->first_stage ? PPSERVE__V1__DTYPE__DTYPE_TOKEN_IDS : PPSERVE__V1__DTYPE__DTYPE_F32;
     if ((int)h->dtype != want) {
         char shape[64];
         if (h->n_shape >= 2)
@@ -109,7 +112,8 @@ static void on_handshake(struct pp_stage_inbound *in, const Ppserve__V1__Handsha
 {
     struct pp_stage *s = in->s;
     if (in->handshaken) {
-        fail(in, PP_ERR_INVALID_ARG, "a second handshake arrived (expected chunks after the first)");
+        fail(in, PP_ERR_INVALID_ARG,
+             "a second handshake arrived (expected chunks after the first)");
         return;
     }
     pthread_mutex_lock(&s->info_mu);
@@ -164,7 +168,8 @@ static void on_chunk(struct pp_stage_inbound *in, const Ppserve__V1__Chunk *c)
         return;
     double recv_end = pp_clock_real();
     const Ppserve__V1__MicrobatchHeader *h = in->assembler.hdr;
-    int failed = !(h->error && h->error[0]) && check_microbatch(in, h, &in->assembler.payload) != PP_OK;
+    int failed =
+        !(h->error && h->error[0]) && check_microbatch(in, h, &in->assembler.payload) != PP_OK;
     if (failed) {
         fail(in, PP_ERR_INVALID_ARG, "%s", pp_error_detail());
         return;

@@ -1,9 +1,9 @@
 /* The outgoing hop of a stage: one long-lived stream opened by Assign. To the next stage it is
  * Stage/Forward, opened with a Handshake and carrying microbatch chunks (the HopAcks that come back
- * are counted); on the last stage it is Coordinator/Deliver carrying Results. Sends are queued by the
- * rpc layer and written while the next microbatch computes (the overlap); a send first waits while
- * too many messages are unwritten, so a slow next hop slows this stage down instead of filling its
- * memory. */
+ * are counted); on the last stage it is Coordinator/Deliver carrying Results. Sends are queued by
+ * the rpc layer and written while the next microbatch computes (the overlap); a send first waits
+ * while too many messages are unwritten, so a slow next hop slows this stage down instead of
+ * filling its memory. */
 #include <stdio.h>
 #include <string.h>
 

@@ -201,7 +201,8 @@ int pp_stage_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double dea
 
 /* ---- error.c ---- */
 /* st with "<fmt ...>: <the current detail>" as its detail. */
-pp_status pp_stage_error_wrap(pp_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+pp_status pp_stage_error_wrap(pp_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* ---- probe.c ---- */
 /* Times a one-token matmul over a synthetic 64 MiB f16 weight as the stage will run it: `workers`
@@ -278,7 +279,8 @@ void pp_stage_queue_done(struct pp_stage *s, struct pp_stage_mb *mb);
 void pp_stage_queue_stop(struct pp_stage *s);
 /* Waits until nothing is queued or computing, or until deadline (monotonic); 1 when idle. */
 int pp_stage_queue_wait_idle(struct pp_stage *s, double deadline);
-/* Acks every queued microbatch with status/message and frees it (after the compute thread ended). */
+/* Acks every queued microbatch with status/message and frees it (after the compute thread ended).
+ */
 void pp_stage_queue_flush(struct pp_stage *s, pp_status status, const char *message);
 size_t pp_stage_queue_len(struct pp_stage *s);
 /* Inbound stream lifetime: a reference is dropped under q_mu; at zero the stream is unlinked and

@@ -29,12 +29,14 @@ const struct pp_cfg_key pp_stage_config_keys[] = {
     KEY("ep", PP_CFG_INT, ep, 0, 64, "expert groups among the workers, MoE models (0 = 1)"),
     KEY("kv_mb", PP_CFG_INT, kv_mb, 1, 1 << 24, "KV cache budget in MiB"),
     KEY("max_batch_tokens", PP_CFG_INT, max_batch_tokens, 1, 1 << 16, "rows computed together"),
-    KEY("queue_depth", PP_CFG_INT, queue_depth, 1, 1024, "microbatches queued before reading stops"),
+    KEY("queue_depth", PP_CFG_INT, queue_depth, 1, 1024,
+        "microbatches queued before reading stops"),
     KEY("heartbeat_ms", PP_CFG_INT, heartbeat_ms, 50, 60000, "heartbeat period"),
     KEY("grace_ms", PP_CFG_INT, grace_ms, 0, 600000, "drain time on SIGTERM"),
     KEY("log_level", PP_CFG_STRING, log_level, 0, 0, "debug | info | warn | error"),
 };
-const int pp_stage_config_n_keys = (int)(sizeof(pp_stage_config_keys) / sizeof(pp_stage_config_keys[0]));
+const int pp_stage_config_n_keys =
+    (int)(sizeof(pp_stage_config_keys) / sizeof(pp_stage_config_keys[0]));
 
 void pp_stage_config_defaults(struct pp_stage_config *c)
 {
@@ -62,7 +64,8 @@ pp_status pp_stage_config_check(const struct pp_stage_config *c)
         return st;
     struct stat sb;
     if (stat(c->model_root, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return pp_error(PP_ERR_INVALID_ARG, "key 'model_root': '%s' is not a folder", c->model_root);
+        return pp_error(PP_ERR_INVALID_ARG, "key 'model_root': '%s' is not a folder",
+                        c->model_root);
     struct pp_device_spec dev;
     if (pp_device_spec_parse(c->devices, &dev) != PP_OK)
         return pp_error(PP_ERR_INVALID_ARG, "key 'devices': %s", pp_error_detail());

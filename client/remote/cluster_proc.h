@@ -29,8 +29,9 @@ int pp_cluster_find_daemon(const char *name, char *out, size_t cap);
 void pp_cluster_signals_block(sigset_t *old);
 
 /* Starts path with argv (argv[0] first, NULL-terminated) as child c: stdin from /dev/null,
- * stdout to stderr (logs only; ppserve's own stdout stays clean), stderr inherited. Returns 0, or -1 after
- * printing why. An exec failure shows up as exit status 127 with a message from the child. */
+ * stdout to stderr (logs only; ppserve's own stdout stays clean), stderr inherited. Returns 0, or
+ * -1 after printing why. An exec failure shows up as exit status 127 with a message from the child.
+ */
 int pp_cluster_spawn(struct pp_child *c, const char *path, char *const argv[],
                      const sigset_t *child_mask);
 

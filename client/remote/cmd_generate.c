@@ -366,11 +366,14 @@ int pp_cmd_generate(int argc, char **argv)
         {"addr", PP_ARG_STRING, &o.addr, 0, 0, "the coordinator's HOST:PORT (required)"},
         {"prompt", PP_ARG_STRING, &o.prompt, 0, 0, "prompt text (needs the model's tokenizer)"},
         {"prompt-ids", PP_ARG_IDS, &o.prompt_ids, 0, 0, "prompt token ids, used exactly as given"},
-        {"max-tokens", PP_ARG_INT, &o.max_tokens, 0, 1 << 24, "tokens to generate (default 64; 0 = the coordinator's default)"},
+        {"max-tokens", PP_ARG_INT, &o.max_tokens, 0, 1 << 24,
+         "tokens to generate (default 64; 0 = the coordinator's default)"},
         PP_SAMPLING_ARGS(&o.sampling, &o.stops, &o.ignore_eos),
-        {"dump-logits", PP_ARG_STRING, &o.dump_logits, 0, 0, "write f32 logits per generated token"},
+        {"dump-logits", PP_ARG_STRING, &o.dump_logits, 0, 0,
+         "write f32 logits per generated token"},
         {"json", PP_ARG_FLAG, &o.json, 0, 0, "print one JSON line instead of streaming text"},
-        {"timeout-ms", PP_ARG_INT, &o.timeout_ms, 0, 86400000, "deadline of the whole request (default 0 = none)"},
+        {"timeout-ms", PP_ARG_INT, &o.timeout_ms, 0, 86400000,
+         "deadline of the whole request (default 0 = none)"},
         {"help", PP_ARG_FLAG, &o.help, 0, 0, "show this help"},
     };
     int n = (int)(sizeof(args) / sizeof(args[0]));

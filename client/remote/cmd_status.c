@@ -71,7 +71,8 @@ int pp_cmd_status(int argc, char **argv)
         {"addr", PP_ARG_STRING, &o.addr, 0, 0, "the coordinator's HOST:PORT (required)"},
         {"json", PP_ARG_FLAG, &o.json, 0, 0, "print the response as one JSON object"},
         {"wait", PP_ARG_INT, &o.wait_s, 0, 86400, "poll until serving, for up to N seconds"},
-        {"timeout-ms", PP_ARG_INT, &o.timeout_ms, 1, 3600000, "deadline of one call (default 5000)"},
+        {"timeout-ms", PP_ARG_INT, &o.timeout_ms, 1, 3600000,
+         "deadline of one call (default 5000)"},
         {"help", PP_ARG_FLAG, &o.help, 0, 0, "show this help"},
     };
     int n = (int)(sizeof(args) / sizeof(args[0]));

@@ -73,8 +73,10 @@ int pp_cmd_trace(int argc, char **argv)
     struct pp_arg args[] = {
         {"addr", PP_ARG_STRING, &o.addr, 0, 0, "the coordinator's HOST:PORT (required)"},
         {"out", PP_ARG_STRING, &o.out, 0, 0, "Chrome-trace JSON file to write (required)"},
-        {"max", PP_ARG_INT, &o.max, 0, 1 << 30, "the most recent N microbatches (default 0 = all kept)"},
-        {"timeout-ms", PP_ARG_INT, &o.timeout_ms, 1, 3600000, "deadline of one call (default 10000)"},
+        {"max", PP_ARG_INT, &o.max, 0, 1 << 30,
+         "the most recent N microbatches (default 0 = all kept)"},
+        {"timeout-ms", PP_ARG_INT, &o.timeout_ms, 1, 3600000,
+         "deadline of one call (default 10000)"},
         {"help", PP_ARG_FLAG, &o.help, 0, 0, "show this help"},
     };
     int n = (int)(sizeof(args) / sizeof(args[0]));

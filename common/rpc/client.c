@@ -1,5 +1,6 @@
 /* gRPC client channels and unary calls. A unary call is one batch on its own pluck queue: send
- * metadata, message and close, receive metadata, message and status; the call's deadline bounds it. */
+ * metadata, message and close, receive metadata, message and status; the call's deadline bounds it.
+ */
 #include <grpc/grpc_security.h>
 #include <stdio.h>
 #include <grpc/grpc.h>
@@ -86,7 +87,8 @@ pp_status pp_rpc_call_raw(struct pp_rpc_channel *c, const char *method, const ui
     pp_status st = PP_OK;
     grpc_call_error e = grpc_call_start_batch(call, ops, 6, &tag, NULL);
     if (e != GRPC_CALL_OK) {
-        st = pp_error(PP_ERR_INTERNAL, "%s: call refused: %s", method, grpc_call_error_to_string(e));
+        st =
+            pp_error(PP_ERR_INTERNAL, "%s: call refused: %s", method, grpc_call_error_to_string(e));
     } else {
         grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (code_out)

@@ -74,7 +74,8 @@ void pp_hop_assembler_reset(struct pp_hop_assembler *a)
 }
 
 /* The header against its own payload size and parts. */
-static pp_status check_header(const struct pp_hop_assembler *a, const Ppserve__V1__MicrobatchHeader *h)
+static pp_status check_header(const struct pp_hop_assembler *a,
+                              const Ppserve__V1__MicrobatchHeader *h)
 {
     /* a microbatch some stage failed travels on to the end as its header alone */
     if (h->error && h->error[0]) {
@@ -103,7 +104,8 @@ static pp_status check_header(const struct pp_hop_assembler *a, const Ppserve__V
                         (unsigned long long)h->microbatch_id);
     int64_t want_cols = h->dtype == PPSERVE__V1__DTYPE__DTYPE_TOKEN_IDS ? 1 : a->expected_dim;
     size_t want_dims = h->dtype == PPSERVE__V1__DTYPE__DTYPE_TOKEN_IDS ? 1 : 2;
-    if (h->dtype != PPSERVE__V1__DTYPE__DTYPE_TOKEN_IDS && h->dtype != PPSERVE__V1__DTYPE__DTYPE_F32)
+    if (h->dtype != PPSERVE__V1__DTYPE__DTYPE_TOKEN_IDS &&
+        h->dtype != PPSERVE__V1__DTYPE__DTYPE_F32)
         return pp_error(PP_ERR_INVALID_ARG, "microbatch %llu: dtype %d (expected F32 activations "
                         "or TOKEN_IDS)", (unsigned long long)h->microbatch_id, (int)h->dtype);
     if (h->n_shape != want_dims || h->shape[0] != rows ||
@@ -121,7 +123,8 @@ static pp_status check_header(const struct pp_hop_assembler *a, const Ppserve__V
             snprintf(tail, sizeof(tail), " of width %lld", (long long)want_cols);
         else
             snprintf(tail, sizeof(tail), " of width >= 1");
-        return pp_error(PP_ERR_INVALID_ARG, "microbatch %llu: shape %s does not match %lld tokens%s",
+        return pp_error(PP_ERR_INVALID_ARG,
+                        "microbatch %llu: shape %s does not match %lld tokens%s",
                         (unsigned long long)h->microbatch_id, got, (long long)rows, tail);
     }
     uint64_t want = (uint64_t)rows * (uint64_t)(want_dims == 2 ? h->shape[1] : 1) * 4u;

@@ -1,8 +1,8 @@
 /* Framing of the pipeline's data plane (proto/ppserve/v1/stage.proto): a microbatch travels as
  * HopMessage chunks of at most PP_RPC_CHUNK_BYTES of payload, its header on the first chunk; the
  * receiver reassembles and validates it (order, ids, sizes, dtype and shape against the payload and
- * the parts) before any of it reaches a model; and the handshake that opens every hop. Shared by the
- * coordinator and the stages, which meet only on the wire. */
+ * the parts) before any of it reaches a model; and the handshake that opens every hop. Shared by
+ * the coordinator and the stages, which meet only on the wire. */
 #ifndef PP_RPC_HOP_H
 #define PP_RPC_HOP_H
 

@@ -1,7 +1,7 @@
-/* The gRPC layer of the daemons and the CLI, over gRPC C core and protobuf-c. Everything gRPC-specific
- * stays behind this header: servers with handlers that run on completion-queue threads, client
- * channels, deadlines, explicit message-size limits, and the one mapping between pp_status and gRPC
- * status codes.
+/* The gRPC layer of the daemons and the CLI, over gRPC C core and protobuf-c. Everything
+ * gRPC-specific stays behind this header: servers with handlers that run on completion-queue
+ * threads, client channels, deadlines, explicit message-size limits, and the one mapping between
+ * pp_status and gRPC status codes.
  *
  * This first part covers unary methods (control plane, Tokenize, Status, health checks); the
  * streaming data plane builds on the same server loop. */
@@ -52,7 +52,8 @@ struct pp_rpc_server;
 
 /* A unary handler: req is the unpacked request; the handler packs its response into resp (e.g.
  * with pp_rpc_pack of a message on its stack) and returns PP_OK, or returns an error whose
- * pp_error_detail() becomes the status message. Runs on a completion-queue thread: keep it short. */
+ * pp_error_detail() becomes the status message. Runs on a completion-queue thread: keep it short.
+ */
 typedef pp_status (*pp_rpc_unary_fn)(void *ud, const ProtobufCMessage *req, struct pp_buf *resp);
 
 struct pp_rpc_server_opts {

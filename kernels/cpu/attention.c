@@ -2,12 +2,12 @@
  *
  * One query (token, head) attends over positions [first, p] cut into chunks of ATTN_CHUNK positions
  * at fixed absolute boundaries (chunk c covers [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK)), so the cut
- * depends only on the query's position, never on the thread count or the batch. Each chunk gives a partial
- * softmax (its max m, its sum l of exp(s - m), its weighted sum o of values, all over positions in
- * increasing order); the partials merge in increasing chunk order (merge_chunk). Normally one
- * thread runs all of a query's chunks; when a batch has too few queries to keep the threads busy
- * (decode of one sequence with few heads over a long context), chunks become the work items and a
- * second pass merges them — the same arithmetic in the same order, so the same bits. */
+ * depends only on the query's position, never on the thread count or the batch. Each chunk gives a
+ * partial softmax (its max m, its sum l of exp(s - m), its weighted sum o of values, all over
+ * positions in increasing order); the partials merge in increasing chunk order (merge_chunk).
+ * Normally one thread runs all of a query's chunks; when a batch has too few queries to keep the
+ * threads busy (decode of one sequence with few heads over a long context), chunks become the work
+ * items and a second pass merges them — the same arithmetic in the same order, so the same bits. */
 #include <assert.h>
 #include <math.h>
 #include <string.h>

@@ -46,7 +46,8 @@ static pp_status cpu_reserve(struct pp_backend *be, int64_t max_cols, int64_t ma
         pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_PANEL, PP_MM_PANEL_ROWS * PP_MM_KC) != 0 ||
         pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_ACC, PP_MM_ACC_CAP) != 0 ||
         x_padded_reserve(c, pp__cpu_x_padded_floats(max_cols)) != 0)
-        return pp_error(PP_ERR_NOMEM, "cpu backend: no memory for scratch (%lld cols, %lld positions)",
+        return pp_error(PP_ERR_NOMEM,
+                        "cpu backend: no memory for scratch (%lld cols, %lld positions)",
                         (long long)max_cols, (long long)max_context);
     c->max_cols = max_cols;
     c->max_context = max_context;

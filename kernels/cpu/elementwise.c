@@ -1,7 +1,7 @@
 /* Element-wise ops, the embedding gather and the row gather/scatter of the MoE FFN. They involve no
  * reduction, so any split is exact.
- * swiglu (an exp per FFN element, pp__expf) is spread over the pool when a batch is large enough to pay
- * for it (prefill); the rest run on the calling thread. */
+ * swiglu (an exp per FFN element, pp__expf) is spread over the pool when a batch is large enough to
+ * pay for it (prefill); the rest run on the calling thread. */
 #include <math.h>
 #include <string.h>
 

@@ -60,7 +60,8 @@ void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struc
                     int64_t n)
 {
     struct pp_cpu *c = pp__cpu(be);
-    assert(w->cols <= c->cap[PP_CPU_SCRATCH_ROW] && "backend reserve() not called for these shapes");
+    assert(w->cols <= c->cap[PP_CPU_SCRATCH_ROW] &&
+           "backend reserve() not called for these shapes");
     struct matmul_job j = {c,
                            {y, x, w->cols, w->data, w->dtype, w->rows, w->cols, n,
                             pp_dtype_row_bytes(w->dtype, w->cols),

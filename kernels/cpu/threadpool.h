@@ -1,5 +1,5 @@
-/* A fixed pool of worker threads for the CPU kernels. The calling thread takes part as worker 0, so a
- * pool of n threads starts n-1 pthreads; a pool of 1 runs everything inline. Not reentrant: one
+/* A fixed pool of worker threads for the CPU kernels. The calling thread takes part as worker 0, so
+ * a pool of n threads starts n-1 pthreads; a pool of 1 runs everything inline. Not reentrant: one
  * pp_threadpool_run at a time per pool (the executor owns its pool). */
 #ifndef PP_THREADPOOL_H
 #define PP_THREADPOOL_H

@@ -9,7 +9,8 @@
  * Results differ from the CPU backend's by rounding and reduction order only; the op tests
  * (tests/gpu) hold them to per-op tolerances.
  *
- * Not thread-safe: one thread drives a backend at a time (any thread; each op selects the device). */
+ * Not thread-safe: one thread drives a backend at a time (any thread; each op selects the device).
+ */
 #ifndef PP_BACKEND_CUDA_H
 #define PP_BACKEND_CUDA_H
 

@@ -42,6 +42,7 @@ int pp__cuda_fail(struct pp_cuda *c, const char *fmt, ...) __attribute__((format
 #define CUBLAS_OK(c, call) pp__cublas_ok((c), (call), #call, __FILE__, __LINE__)
 // After a <<<...>>> launch: a bad configuration shows up here at once; faults while the kernel
 // runs show up at the next sync.
-#define LAUNCH_OK(c, kernel) pp__cuda_ok((c), cudaGetLastError(), "launch " kernel, __FILE__, __LINE__)
+#define LAUNCH_OK(c, kernel)                                                                       \
+    pp__cuda_ok((c), cudaGetLastError(), "launch " kernel, __FILE__, __LINE__)
 
 #endif

@@ -120,12 +120,14 @@ def test_bad_hf_checkpoints(model, tmp_path):
 
     (hf / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt_neox",
                                                 "architectures": ["GPTNeoXForCausalLM"]}))
-    assert "unknown architecture" in run_fail(["run", "--model", str(hf), "--prompt-ids", "1"]).stderr
+    assert "unknown architecture" in run_fail(["run", "--model", str(hf),
+                                               "--prompt-ids", "1"]).stderr
 
     (hf / "config.json").write_text("{not json")
     assert "invalid JSON" in run_fail(["run", "--model", str(hf), "--prompt-ids", "1"]).stderr
 
-    (hf / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}))
+    (hf / "config.json").write_text(json.dumps({k: v for k, v in cfg.items()
+                                                if k != "hidden_size"}))
     assert "hidden_size" in run_fail(["run", "--model", str(hf), "--prompt-ids", "1"]).stderr
 
     (hf / "config.json").write_text(json.dumps(cfg))
@@ -186,8 +188,8 @@ def test_synth_rejects_bad_shapes(tmp_path):
 
 
 def test_formats_tokenize_and_decode_alike(model):
-    """The GGUF tokenizer metadata and tokenizer.json of one synthetic model give the same prompt ids
-    and the same text."""
+    """The GGUF tokenizer metadata and tokenizer.json of one synthetic model give the same
+    prompt ids and the same text."""
     outs = []
     for path in (model / "model.gguf", model / "hf"):
         p = run([PPSERVE, "run", "--model", str(path), "--prompt", "Once upon a time, the cat",
@@ -244,9 +246,11 @@ def test_checkpoint_without_tokenizer_runs_from_ids(model, tmp_path):
 
 
 def test_inspect(model, tmp_path):
-    out = json.loads(run([PPSERVE, "inspect", "--model", str(model / "model.gguf"), "--json"]).stdout)
+    out = json.loads(run([PPSERVE, "inspect", "--model", str(model / "model.gguf"),
+                          "--json"]).stdout)
     assert out["format"] == "gguf" and out["arch"] == "llama"
-    assert (out["dim"], out["layers"], out["heads"], out["kv_heads"], out["vocab"]) == (64, 3, 4, 2, 300)
+    assert (out["dim"], out["layers"], out["heads"], out["kv_heads"],
+            out["vocab"]) == (64, 3, 4, 2, 300)
     assert out["rope_layout"] == "interleaved" and out["identity"].startswith("ppid1-")
     hf = json.loads(run([PPSERVE, "inspect", "--model", str(model / "hf"), "--json"]).stdout)
     assert hf["rope_layout"] == "rotate-half"

@@ -15,7 +15,8 @@ PROMPT = [1, 17, 200, 45, 99, 3, 150]
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 @pytest.mark.parametrize("tp", ["1", "2"])
 def test_copy_and_map_give_the_same_bits(models, tmp_path, dtype, tp):
-    model = models.get(f"cpu_weights_{dtype}", *SMALL, "--dtype", dtype, "--seed", "11") / "model.gguf"
+    model = models.get(f"cpu_weights_{dtype}", *SMALL, "--dtype", dtype,
+                       "--seed", "11") / "model.gguf"
     common = ("--device", "cpu", "--threads", "2", "--tp", tp)
     default_out, default = ppserve_run(model, PROMPT, 6, tmp_path, common, tag=f"d{tp}")
     copy_out, copy = ppserve_run(model, PROMPT, 6, tmp_path, (*common, "--cpu-weights", "copy"),

@@ -1,7 +1,8 @@
 """Device selection as a user meets it: `ppserve run --device auto|cpu|cuda:N`. On a host without a
 usable GPU (or a build without CUDA), auto runs on the CPU and says why in the log, and an explicit
 cuda:N fails with a message naming the problem; on a host with a GPU, cuda:0 runs there and agrees
-with the CPU within the tolerance of 16-bit matmul inputs. Malformed values are refused either way."""
+with the CPU within the tolerance of 16-bit matmul inputs. Malformed values are refused either
+way."""
 import re
 
 import numpy as np
@@ -21,7 +22,8 @@ def model(models):
 
 @pytest.fixture(scope="module")
 def gpus():
-    """The CUDA devices `ppserve devices` lists (none on a GPU-less host or a build without CUDA)."""
+    """The CUDA devices `ppserve devices` lists (none on a GPU-less host or a build without
+    CUDA)."""
     out = run([PPSERVE, "devices"]).stdout
     assert out.startswith("cpu: "), out
     assert re.search(r"^cuda: ", out, re.M) or re.search(r"^cuda:0: ", out, re.M), out
@@ -30,7 +32,8 @@ def gpus():
 
 def test_cpu_is_the_cpu_backend_bit_for_bit(model, tmp_path):
     base_out, base = ppserve_run(model, PROMPT, 5, tmp_path, ("--device", "cpu"), tag="base")
-    again_out, again = ppserve_run(model, PROMPT, 5, tmp_path, ("--device", "cpu", "--threads", "1"),
+    again_out, again = ppserve_run(model, PROMPT, 5, tmp_path,
+                                   ("--device", "cpu", "--threads", "1"),
                                    tag="t1")
     assert again_out["ids"] == base_out["ids"]
     assert again.tobytes() == base.tobytes()

@@ -49,8 +49,10 @@ def test_bad_degrees(models, tmp_path):
     assert "tp 3 does not divide the 8 attention heads" in p.stderr
     assert "valid tp: 1, 2, 4, 8" in p.stderr
     assert str(model) in p.stderr
-    p = run([PPSERVE, "run", "--model", str(model), "--prompt-ids", "1,2", "--tp", "2", "--ep", "2"],
+    p = run([PPSERVE, "run", "--model", str(model), "--prompt-ids", "1,2", "--tp", "2",
+             "--ep", "2"],
             check=False)
     assert p.returncode != 0 and "mixture-of-experts" in p.stderr
-    p = run([PPSERVE, "run", "--model", str(model), "--prompt-ids", "1,2", "--tp", "0"], check=False)
+    p = run([PPSERVE, "run", "--model", str(model), "--prompt-ids", "1,2", "--tp", "0"],
+            check=False)
     assert p.returncode != 0 and "--tp" in p.stderr

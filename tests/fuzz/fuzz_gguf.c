@@ -1,6 +1,6 @@
 /* libFuzzer target: arbitrary bytes as a GGUF model file, through the whole load path a user
- * reaches (header, metadata, tensor directory, config, layer binding, tokenizer). Any input must end
- * in PP_OK or a status with a message; sanitizers catch everything else. */
+ * reaches (header, metadata, tensor directory, config, layer binding, tokenizer). Any input must
+ * end in PP_OK or a status with a message; sanitizers catch everything else. */
 #include "fuzz_util.h"
 #include "common/alloc.h"
 #include "model/model.h"

@@ -1,6 +1,6 @@
 /* libFuzzer target: arbitrary bytes as text for both tokenizer families of a synthetic model
- * (written once at start-up). Encoding must succeed on any bytes, and byte-level BPE must round-trip
- * exactly (decode(encode(s)) == s); a mismatch aborts so the fuzzer reports it. */
+ * (written once at start-up). Encoding must succeed on any bytes, and byte-level BPE must
+ * round-trip exactly (decode(encode(s)) == s); a mismatch aborts so the fuzzer reports it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

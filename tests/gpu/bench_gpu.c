@@ -1,5 +1,6 @@
 /* The CUDA backend's speed against the GPU's own limits, both measured in this run:
- *   - copy bandwidth: cudaMemcpy device to device of a 1 GiB buffer, bytes read + written per second;
+ *   - copy bandwidth: cudaMemcpy device to device of a 1 GiB buffer, bytes read + written per
+ * second;
  *   - cuBLAS's GEMM rate: an 8192^3 bf16 x bf16 -> f32 GEMM with f32 accumulation (the same kind
  *     of call the backend makes for prefill);
  *   - decode at batch 1 and 32 and prefill through the executor on a 4-layer slice of an
@@ -173,7 +174,8 @@ static double cublas_rate(struct pp_backend *be)
     return 2.0 * (double)nn * j.n / (ms * 1e-3) / 1e12;
 }
 
-/* --- the model, generated on the device --------------------------------------------------------- */
+/* --- the model, generated on the device ---------------------------------------------------------
+ */
 
 static uint64_t seed = 100;
 static int64_t weight_bytes; /* of the 2-D weights read per forward (embedding rows excluded) */
@@ -243,7 +245,8 @@ static void model_init(struct pp_model *m, struct pp_layer_weights *layers, stru
     CKP("generating the weights", be->ops->sync(be));
 }
 
-/* --- measurements ------------------------------------------------------------------------------- */
+/* --- measurements -------------------------------------------------------------------------------
+ */
 
 static int32_t *tokens(int64_t n)
 {

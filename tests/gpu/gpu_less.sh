@@ -40,7 +40,8 @@ rc=$?
 set -e
 [ "$rc" -ne 0 ] || fail "run --device cuda:0 succeeded on a host without a GPU"
 [ ! -s "$tmp/cuda.out" ] || fail "run --device cuda:0 printed a result"
-grep -q 'ppserve run: error: cuda:0: ' "$tmp/cuda.err" || fail "unclear message: $(cat "$tmp/cuda.err")"
+grep -q 'ppserve run: error: cuda:0: ' "$tmp/cuda.err" \
+    || fail "unclear message: $(cat "$tmp/cuda.err")"
 echo "run --device cuda:0: exit $rc: $(cat "$tmp/cuda.err")"
 
 for prog in "$ops" "$e2e $tmp/m/model.gguf" "$bench"; do

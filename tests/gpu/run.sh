@@ -62,7 +62,8 @@ step() {
 
 for tool in cmake nvcc cc timeout; do
     if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "run.sh: '$tool' is not on PATH: the CUDA toolkit, CMake and a C compiler are needed" >&2
+        echo "run.sh: '$tool' is not on PATH: the CUDA toolkit, CMake and a C compiler" \
+             "are needed" >&2
         summary "missing $tool"
         exit 3
     fi
@@ -71,7 +72,8 @@ done
 # Compile for this GPU only when one answers (faster); otherwise for the default sm_80 and sm_90.
 arch=""
 if command -v nvidia-smi >/dev/null 2>&1; then
-    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+          | head -1 | tr -d ' .')
     [[ "$cap" =~ ^[0-9]+$ ]] && arch="-DCMAKE_CUDA_ARCHITECTURES=$cap"
 fi
 

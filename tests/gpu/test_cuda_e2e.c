@@ -91,7 +91,8 @@ static int run_model(const char *path, double tol, FILE *json, int first)
     eo.max_batch_tokens = 64; /* the long prompt runs in windows */
     eo.max_seqs = 8;
     eo.max_context = m->cfg.max_context < 512 ? m->cfg.max_context : 512;
-    if (pp_backend_cpu_new(8, &cpu.be) != PP_OK || pp_executor_new(m, cpu.be, &eo, &cpu.ex) != PP_OK ||
+    if (pp_backend_cpu_new(8, &cpu.be) != PP_OK ||
+        pp_executor_new(m, cpu.be, &eo, &cpu.ex) != PP_OK ||
         pp_backend_cuda_new(0, 0, &gpu.be) != PP_OK ||
         pp_executor_new(m, gpu.be, &eo, &gpu.ex) != PP_OK) {
         fprintf(stderr, "%s: engines: %s\n", path, pp_error_detail());

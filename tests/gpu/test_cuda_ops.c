@@ -247,7 +247,8 @@ static void test_matmul(void)
                     if (rows * cols * n > ((int64_t)1 << 26))
                         continue; /* keeps the CPU reference quick */
                     float *x = rand_floats(n * cols, -1.0f, 1.0f);
-                    float *ref = xmalloc((size_t)(n * rows) * 4), *got = xmalloc((size_t)(n * rows) * 4);
+                    float *ref = xmalloc((size_t)(n * rows) * 4),
+                          *got = xmalloc((size_t)(n * rows) * 4);
                     cpu->ops->matmul(cpu, ref, x, &w, n);
                     float *dx = dev_from(x, n * cols * 4), *dy = dev_alloc(n * rows * 4);
                     gpu->ops->matmul(gpu, dy, dx, &wd, n);
@@ -258,7 +259,8 @@ static void test_matmul(void)
                              gemv ? "gemv" : "cublas");
                     snprintf(what, sizeof(what), "[%lld, %lld] x %lld tokens", (long long)rows,
                              (long long)cols, (long long)n);
-                    /* inputs and weights uniform in [-1, 1): an output's spread is sqrt(cols / 9) */
+                    /* inputs and weights uniform in [-1, 1): an output's spread is sqrt(cols / 9)
+                     */
                     check_floor(name, weight_tol(t, gemv), got, ref, n * rows,
                                 sqrt((double)cols / 9.0), what);
                     dev_free(dx);
@@ -377,8 +379,10 @@ static void test_elementwise(void)
 {
     for (int rep = 0; rep < 4; rep++) {
         int64_t n = rnd_int(1, 20), cols = rnd_int(1, 3000), e = n * cols;
-        float *a = rand_floats(e, -8, 8), *b = rand_floats(e, -2, 2), *bias = rand_floats(cols, -1, 1);
-        float *g = rand_floats(n, -6, 6), *ref = xmalloc((size_t)e * 4), *got = xmalloc((size_t)e * 4);
+        float *a = rand_floats(e, -8, 8), *b = rand_floats(e, -2, 2),
+              *bias = rand_floats(cols, -1, 1);
+        float *g = rand_floats(n, -6, 6), *ref = xmalloc((size_t)e * 4),
+              *got = xmalloc((size_t)e * 4);
         float *da = dev_from(a, e * 4), *db = dev_from(b, e * 4), *dout = dev_alloc(e * 4);
         float *dbias = dev_from(bias, cols * 4), *dg = dev_from(g, n * 4);
 
@@ -574,7 +578,8 @@ static void test_attention_case(const struct attn_case *c)
     int32_t T = row;
     struct pp_kv_view cv = {pool, LAYERS, BLOCK, kv_dim, block_elems};
     struct pp_kv_view gv = {dpool, LAYERS, BLOCK, kv_dim, block_elems};
-    float *k = rand_floats((int64_t)T * kv_dim, -1, 1), *v = rand_floats((int64_t)T * kv_dim, -1, 1);
+    float *k = rand_floats((int64_t)T * kv_dim, -1, 1),
+          *v = rand_floats((int64_t)T * kv_dim, -1, 1);
     float *dk = dev_from(k, (int64_t)T * kv_dim * 4), *dv = dev_from(v, (int64_t)T * kv_dim * 4);
     if (cpu->ops->reserve(cpu, q_dim > kv_dim ? q_dim : kv_dim, max_ctx) != PP_OK ||
         gpu->ops->reserve(gpu, q_dim, max_ctx) != PP_OK)

@@ -485,7 +485,8 @@ def main():
     want = {"test.u8": 250, "test.i8": -5, "test.u16": 65000, "test.i16": -300,
             "test.u32": 4000000000, "test.i32": -7, "test.f32": 0.5, "test.bool": True,
             "test.str": "h\u00e9llo", "test.u64": 2**63 + 5, "test.i64": -2**40,
-            "test.f64": 0.1, "test.nested": [[1, 2], ["a", "bc"]], "test.bools": [True, False, True],
+            "test.f64": 0.1, "test.nested": [[1, 2], ["a", "bc"]],
+            "test.bools": [True, False, True],
             "test.empty": [], "llama.rope.freq_base": 10000.0,
             "tokenizer.ggml.tokens": [f"tok{i}\u2581" for i in range(sA["V"])]}
     bad = [k for k, v in want.items() if md.get(k) != v]

@@ -19,7 +19,8 @@
 #define MAX_COLS 2048
 #define MAX_CONTEXT 640 /* beyond two 256-position attention chunks */
 
-/* --- helpers ------------------------------------------------------------------------------------ */
+/* --- helpers ------------------------------------------------------------------------------------
+ */
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -134,7 +135,8 @@ static void check_layouts_agree(struct pp_backend *be, const float *y, const flo
     free(yg);
 }
 
-/* --- matmul --------------------------------------------------------------------------------------- */
+/* --- matmul
+ * --------------------------------------------------------------------------------------- */
 
 /* y = x·wᵀ in double; also the sum of |x·w| terms, the scale of the float rounding error. */
 static void matmul_ref(double *y, double *mag, const float *x, const float *w, int64_t n,
@@ -384,7 +386,8 @@ static void test_matmul_simd_matches_portable(void **state)
     port->ops->free(port);
 }
 
-/* --- element-wise ops ------------------------------------------------------------------------------ */
+/* --- element-wise ops
+ * ------------------------------------------------------------------------------ */
 
 static void test_rmsnorm(void **state)
 {
@@ -587,7 +590,8 @@ static void test_embed(void **state)
     backends_free(be);
 }
 
-/* --- KV store and attention over a paged cache ------------------------------------------------------ */
+/* --- KV store and attention over a paged cache
+ * ------------------------------------------------------ */
 
 #define KV_LAYERS 2
 #define KV_LAYER 1 /* the layer under test; layer 0 stays poisoned */
@@ -676,10 +680,10 @@ static void attn_setup_init(struct attn_setup *s, const struct attn_case *c, str
     for (int32_t i = 0; i < c->n_seqs; i++) {
         memcpy(kpre + (size_t)pre[i].row * s->kv_dim, s->k[i], rb * (size_t)c->prefix[i]);
         memcpy(vpre + (size_t)pre[i].row * s->kv_dim, s->v[i], rb * (size_t)c->prefix[i]);
-        memcpy(knew + (size_t)s->seqs[i].row * s->kv_dim, s->k[i] + (size_t)c->prefix[i] * s->kv_dim,
-               rb * (size_t)c->fresh[i]);
-        memcpy(vnew + (size_t)s->seqs[i].row * s->kv_dim, s->v[i] + (size_t)c->prefix[i] * s->kv_dim,
-               rb * (size_t)c->fresh[i]);
+        memcpy(knew + (size_t)s->seqs[i].row * s->kv_dim,
+               s->k[i] + (size_t)c->prefix[i] * s->kv_dim, rb * (size_t)c->fresh[i]);
+        memcpy(vnew + (size_t)s->seqs[i].row * s->kv_dim,
+               s->v[i] + (size_t)c->prefix[i] * s->kv_dim, rb * (size_t)c->fresh[i]);
     }
     be->ops->kv_store(be, &s->view, KV_LAYER, pre, c->n_seqs, kpre, vpre);
     be->ops->kv_store(be, &s->view, KV_LAYER, s->seqs, c->n_seqs, knew, vnew);
@@ -874,7 +878,8 @@ static void test_attention_wide_window_is_full(void **state)
     backends_free(be);
 }
 
-/* --- rows, gated add, routing, top-k, memory ---------------------------------------------------------- */
+/* --- rows, gated add, routing, top-k, memory
+ * ---------------------------------------------------------- */
 
 static void test_rows_and_gated_add(void **state)
 {
@@ -1099,7 +1104,8 @@ static void test_memory_ops(void **state)
     pp_alloc_fail_at(1);
     assert_int_equal(be->ops->weight_load(be, &w, 0, &out), PP_ERR_NOMEM);
     pp_alloc_fail_at(0);
-    assert_non_null(strstr(pp_error_detail(), "no memory to copy a [10, 10] f32 weight (400 bytes)"));
+    assert_non_null(
+        strstr(pp_error_detail(), "no memory to copy a [10, 10] f32 weight (400 bytes)"));
     assert_non_null(strstr(pp_error_detail(), "cpu_weights = \"map\""));
     assert_int_equal(pp_mem_live(PP_MEM_WEIGHTS), w0);
     const float *v = NULL;
@@ -1113,7 +1119,8 @@ static void test_memory_ops(void **state)
     be->ops->free(be);
 }
 
-/* --- construction --------------------------------------------------------------------------------- */
+/* --- construction
+ * --------------------------------------------------------------------------------- */
 
 static void test_new_and_reserve_errors(void **state)
 {

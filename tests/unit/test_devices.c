@@ -47,7 +47,8 @@ static void test_parse_errors(void **state)
     (void)state;
     expect_bad("", "got an empty value");
     expect_bad(NULL, "expected \"auto\", \"cpu\" or \"cuda:N[,N...]\"");
-    expect_bad("gpu", "expected \"auto\", \"cpu\" or \"cuda:N[,N...]\" (N a CUDA device id), got 'gpu'");
+    expect_bad("gpu",
+               "expected \"auto\", \"cpu\" or \"cuda:N[,N...]\" (N a CUDA device id), got 'gpu'");
     expect_bad("CPU", "got 'CPU'");
     expect_bad("cuda", "expected device ids after \"cuda:\"");
     expect_bad("cuda:", "got 'cuda:'");

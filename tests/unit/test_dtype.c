@@ -1,6 +1,7 @@
 /* Unit tests of kernels/dtype: the f16/bf16/Q8_0 conversions every backend and the numpy reference
  * must agree on bit for bit. The f16 decoder is checked against an independent formula for all
- * 65536 patterns, and the encoders' rounding is checked at every tie between neighbouring values. */
+ * 65536 patterns, and the encoders' rounding is checked at every tie between neighbouring values.
+ */
 #include "testutil.h"
 
 #include <float.h>
@@ -142,9 +143,10 @@ static void test_f16_rounding_ties(void **state)
     /* the named classic cases */
     assert_int_equal(pp_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);     /* tie down to even */
     assert_int_equal(pp_f32_to_f16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3c02); /* tie up to even */
-    assert_int_equal(pp_f32_to_f16(ldexpf(1.0f, -25)), 0x0000);            /* half the min subnormal */
+    assert_int_equal(pp_f32_to_f16(ldexpf(1.0f, -25)), 0x0000); /* half the min subnormal */
     assert_int_equal(pp_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);
-    assert_int_equal(pp_f32_to_f16(ldexpf(2047.0f, -25)), 0x0400); /* largest subnormal + half ulp */
+    assert_int_equal(pp_f32_to_f16(ldexpf(2047.0f, -25)),
+                     0x0400); /* largest subnormal + half ulp */
 }
 
 static int bf16_is_nan(uint16_t h)
@@ -241,7 +243,8 @@ static void test_q8_0_error_bound(void **state)
             /* d is amax/127 rounded to the nearest f16 */
             assert_int_equal(dh, pp_f32_to_f16(amax / 127.0f));
             if (dh >= 0x0400)
-                assert_int_equal(qmax, 127); /* a normal d: the largest element uses the full range */
+                assert_int_equal(qmax,
+                                 127); /* a normal d: the largest element uses the full range */
             float bound = 0.5f * d * 1.001f + fmaxf(0.0f, amax - 127.0f * d);
             for (int i = 0; i < 32; i++) {
                 float err = fabsf(x[b * 32 + i] - y[b * 32 + i]);

@@ -148,7 +148,8 @@ static void check_layer_split(const char *path)
         assert_int_equal(pp_executor_forward(s1.ex, &bh, NULL, got), PP_OK);
         assert_memory_equal(ref, got, sizeof(ref));
         pp_test_engine_close(&s1);
-        /* three stages: [0,k) [k,3) is already covered; add a middle range [k, k+1) when possible */
+        /* three stages: [0,k) [k,3) is already covered; add a middle range [k, k+1) when possible
+         */
         if (k + 1 < 3) {
             pp_test_engine_open(&s1, path, k, k + 1, 1, 0, 2, 256);
             pp_test_engine_open(&s2, path, k + 1, -1, 1, 0, 1, 256);

@@ -189,7 +189,8 @@ static void test_weights_copied_once(void **state)
 {
     (void)state;
     char path[600];
-    write_model("mem", PP_DTYPE_F16, "llama", 4, 4, 64, 128, path, sizeof(path)); /* no KV head replicated */
+    write_model("mem", PP_DTYPE_F16, "llama", 4, 4, 64, 128, path,
+                sizeof(path)); /* no KV head replicated */
     struct pp_model *m;
     int64_t before = pp_mem_live(PP_MEM_WEIGHTS);
     assert_int_equal(pp_model_open(path, 0, -1, &m), PP_OK);

@@ -12,7 +12,8 @@
 #include "common/alloc.h"
 #include "model/gguf.h"
 
-/* --- a minimal GGUF v3 writer ---------------------------------------------------------------------- */
+/* --- a minimal GGUF v3 writer
+ * ---------------------------------------------------------------------- */
 
 struct buf {
     uint8_t *p;
@@ -187,7 +188,8 @@ static void patch_u64(struct buf *b, size_t at, uint64_t v)
     memcpy(b->p + at, &v, 8);
 }
 
-/* --- fixture ----------------------------------------------------------------------------------------- */
+/* --- fixture
+ * ----------------------------------------------------------------------------------------- */
 
 struct ctx {
     char *dir;
@@ -250,7 +252,8 @@ static int str_is(struct pp_gguf_str s, const char *z)
     return s.len == strlen(z) && memcmp(s.ptr, z, s.len) == 0;
 }
 
-/* --- tests --------------------------------------------------------------------------------------------- */
+/* --- tests
+ * --------------------------------------------------------------------------------------------- */
 
 static void test_parse_valid(void **state)
 {
@@ -353,8 +356,8 @@ static void test_version_2_and_default_alignment(void **state)
     struct buf b = copy(&c->good);
     patch_u32(&b, c->l.version, 2);
     assert_int_equal(open_bytes(c, b.p, b.len), PP_OK);
-    /* renaming general.alignment leaves the default 32, to which offsets 0/128/256 conform; the data
-     * start moves to the next multiple of 32 (it already is one of 64) */
+    /* renaming general.alignment leaves the default 32, to which offsets 0/128/256 conform; the
+     * data start moves to the next multiple of 32 (it already is one of 64) */
     b.p[c->l.align_type - 1] = 'x'; /* the key's last byte: "general.alignmenx" */
     pp_test_write_file(c->path, b.p, b.len);
     struct pp_gguf *g = NULL;

@@ -11,7 +11,8 @@
 #include "common/alloc.h"
 #include "common/json_write.h"
 
-/* Parses j's text as any JSON value; fails the test with the parser's message when it is invalid. */
+/* Parses j's text as any JSON value; fails the test with the parser's message when it is invalid.
+ */
 static json_t *parse(const struct pp_json *j)
 {
     assert_false(j->out.failed);
@@ -80,8 +81,9 @@ static void test_nesting_and_commas(void **state)
     pp_json_key(&j, "f");
     pp_json_cstring(&j, "g");
     pp_json_end_object(&j);
-    assert_string_equal(j.out.data,
-                        "{\"a\":[1,[2,3],{},[]],\"b\":{\"c\":null,\"d\":true,\"e\":false},\"f\":\"g\"}");
+    assert_string_equal(
+        j.out.data,
+        "{\"a\":[1,[2,3],{},[]],\"b\":{\"c\":null,\"d\":true,\"e\":false},\"f\":\"g\"}");
 
     json_t *v = parse(&j);
     assert_int_equal(json_array_size(json_object_get(v, "a")), 4);
@@ -150,7 +152,8 @@ static void test_valid_utf8_passes_through(void **state)
     pp_json_free(&j);
 }
 
-/* A string with one bad sequence: the output has U+FFFD where it was and the text around it intact. */
+/* A string with one bad sequence: the output has U+FFFD where it was and the text around it intact.
+ */
 static void check_replaced(const char *in, size_t n, const char *expect)
 {
     struct pp_json j;

@@ -1,5 +1,6 @@
 /* Unit tests of model/kv_cache: the block pool sized from a byte budget, per-sequence block tables,
- * and the failure modes the scheduler relies on (a refused reserve leaves the sequence as it was). */
+ * and the failure modes the scheduler relies on (a refused reserve leaves the sequence as it was).
+ */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -21,8 +22,9 @@ static int64_t block_bytes(void)
 static struct pp_kv_cache *cache_new(int32_t n_blocks, int32_t max_seqs, int32_t max_context)
 {
     struct pp_kv_cache *c = NULL;
-    assert_int_equal(pp_kv_cache_new(LAYERS, KV_DIM, BS, n_blocks * block_bytes() + block_bytes() - 1,
-                                     max_seqs, max_context, &c),
+    assert_int_equal(pp_kv_cache_new(LAYERS, KV_DIM, BS,
+                                     n_blocks * block_bytes() + block_bytes() - 1, max_seqs,
+                                     max_context, &c),
                      PP_OK);
     return c;
 }

@@ -1,7 +1,7 @@
 /* Unit tests of model/safetensors: a small file written here (8-byte header length, JSON header,
  * data) is parsed, then broken in the ways real downloads and converters break it: every prefix,
- * invalid JSON, offsets outside the data or not matching dtype × shape. Unsupported dtypes are not an
- * error here; they are flagged for the loader to refuse by name. */
+ * invalid JSON, offsets outside the data or not matching dtype × shape. Unsupported dtypes are not
+ * an error here; they are flagged for the loader to refuse by name. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -34,7 +34,8 @@ static int teardown(void **state)
 }
 
 /* A file: u64 header length, the header padded with spaces to a multiple of 8 (as the reference
- * writer does), then data_len bytes of data (byte i = i & 0xff). Returns its size; *out is malloc'd. */
+ * writer does), then data_len bytes of data (byte i = i & 0xff). Returns its size; *out is
+ * malloc'd. */
 static size_t build(const char *header, size_t data_len, uint8_t **out)
 {
     size_t hl = strlen(header), padded = (hl + 7) / 8 * 8;
@@ -64,7 +65,8 @@ static pp_status open_bytes(struct ctx *c, const void *p, size_t n)
 
 /* A file with this header (and data_len bytes of data) fails with FORMAT and a message naming the
  * file and containing word. */
-static void expect_format_error(struct ctx *c, const char *header, size_t data_len, const char *word)
+static void expect_format_error(struct ctx *c, const char *header, size_t data_len,
+                                const char *word)
 {
     uint8_t *p;
     size_t n = build(header, data_len, &p);
@@ -78,7 +80,8 @@ static void expect_format_error(struct ctx *c, const char *header, size_t data_l
 }
 
 /* a: F32 [2, 3] 24 bytes, b: F16 [4] 8 bytes, c: BF16 [2, 2] 8 bytes, d: I64 [1] 8 bytes
- * (unsupported), s: F32 scalar 4 bytes; 52 bytes of data in all, the last tensor ending the file. */
+ * (unsupported), s: F32 scalar 4 bytes; 52 bytes of data in all, the last tensor ending the file.
+ */
 static const char *good_header =
     "{\"__metadata__\": {\"format\": \"pt\"},"
     " \"a\": {\"dtype\": \"F32\", \"shape\": [2, 3], \"data_offsets\": [0, 24]},"
@@ -168,13 +171,15 @@ static void test_bad_header(void **state)
     expect_format_error(c, "{\"a\": {\"dtype\": 7, \"shape\": [1], \"data_offsets\": [0, 4]}}", 4,
                         "dtype");
     expect_format_error(c, "{\"a\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4]}}", 4, "shape");
-    expect_format_error(c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", 4,
-                        "data_offsets");
+    expect_format_error(c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}",
+                        4, "data_offsets");
     /* bad shapes */
-    expect_format_error(c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}",
+    expect_format_error(c,
+                        "{\"a\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}",
                         4, "shape[0]");
-    expect_format_error(c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [1, 1.5], \"data_offsets\": [0, 4]}}",
-                        4, "shape[1]");
+    expect_format_error(
+        c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [1, 1.5], \"data_offsets\": [0, 4]}}", 4,
+        "shape[1]");
     expect_format_error(c,
                         "{\"a\": {\"dtype\": \"F32\", \"shape\": [1, 1, 1, 1, 1], "
                         "\"data_offsets\": [0, 4]}}",
@@ -186,9 +191,10 @@ static void test_bad_header(void **state)
 }
 
 /* The element count of a shape must not wrap around 64 bits. [2^40, 2^24] is 2^64 elements, which
- * wraps to 0; with data_offsets [0, 0] the header then "matches" and a tensor that claims 2^66 bytes
- * is handed to the loader with no data behind it: exactly the bad read the reader promises to stop.
- * (Fails with model/safetensors.c as of this writing: the size check runs after the multiply.) */
+ * wraps to 0; with data_offsets [0, 0] the header then "matches" and a tensor that claims 2^66
+ * bytes is handed to the loader with no data behind it: exactly the bad read the reader promises to
+ * stop. (Fails with model/safetensors.c as of this writing: the size check runs after the
+ * multiply.) */
 static void test_shape_overflow_rejected(void **state)
 {
     struct ctx *c = *state;
@@ -226,32 +232,38 @@ static void test_bad_offsets(void **state)
 {
     struct ctx *c = *state;
     /* past the data section */
-    expect_format_error(c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}",
+    expect_format_error(c,
+                        "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}",
                         4, "data_offsets");
     expect_format_error(c,
                         "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], "
                         "\"data_offsets\": [9223372036854775800, 9223372036854775804]}}",
                         4, "data_offsets");
     /* begin after end, negative, not integers */
-    expect_format_error(c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 0]}}",
-                        8, "data_offsets");
-    expect_format_error(c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [-4, 0]}}",
+    expect_format_error(c,
+                        "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 0]}}",
                         8, "data_offsets");
     expect_format_error(c,
-                        "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, \"4\"]}}",
+                        "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [-4, 0]}}",
                         8, "data_offsets");
+    expect_format_error(
+        c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, \"4\"]}}", 8,
+        "data_offsets");
     /* inside the data but not the size dtype × shape implies */
-    expect_format_error(c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [2, 3], \"data_offsets\": [0, 20]}}",
-                        24, "needs 24 bytes");
-    expect_format_error(c, "{\"a\": {\"dtype\": \"F16\", \"shape\": [3], \"data_offsets\": [0, 12]}}",
-                        12, "needs 6 bytes");
-    expect_format_error(c, "{\"a\": {\"dtype\": \"BF16\", \"shape\": [3], \"data_offsets\": [0, 4]}}",
-                        12, "BF16");
-    /* the entry that is wrong is named, even after good ones */
+    expect_format_error(
+        c, "{\"a\": {\"dtype\": \"F32\", \"shape\": [2, 3], \"data_offsets\": [0, 20]}}", 24,
+        "needs 24 bytes");
     expect_format_error(c,
-                        "{\"good\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
-                        " \"bad_one\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 12]}}",
-                        8, "bad_one");
+                        "{\"a\": {\"dtype\": \"F16\", \"shape\": [3], \"data_offsets\": [0, 12]}}",
+                        12, "needs 6 bytes");
+    expect_format_error(
+        c, "{\"a\": {\"dtype\": \"BF16\", \"shape\": [3], \"data_offsets\": [0, 4]}}", 12, "BF16");
+    /* the entry that is wrong is named, even after good ones */
+    expect_format_error(
+        c,
+        "{\"good\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+        " \"bad_one\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 12]}}",
+        8, "bad_one");
 }
 
 /* Unsupported dtypes are not checked against their shape (their element size is unknown here) but
@@ -277,8 +289,9 @@ static void test_unsupported_dtypes_flagged(void **state)
     pp_safetensors_free(s);
     free(p);
 
-    expect_format_error(c, "{\"q\": {\"dtype\": \"I8\", \"shape\": [3], \"data_offsets\": [0, 30]}}", 3,
-                        "data_offsets");
+    expect_format_error(c,
+                        "{\"q\": {\"dtype\": \"I8\", \"shape\": [3], \"data_offsets\": [0, 30]}}",
+                        3, "data_offsets");
 }
 
 static void test_empty_and_missing(void **state)

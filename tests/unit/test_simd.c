@@ -49,7 +49,8 @@ static void test_dots_wsum_match(void **state)
         for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
             int64_t n = lens[li];
             float *a = malloc(sizeof(float) * (size_t)n);
-            float *pool = malloc(sizeof(float) * (size_t)(n * m * 3)); /* rows 3n apart, odd offset */
+            /* rows 3n apart, odd offset */
+            float *pool = malloc(sizeof(float) * (size_t)(n * m * 3));
             const float *rows[11];
             float w[11], d1[11], d2[11];
             for (int64_t k = 0; k < n; k++)

@@ -1,6 +1,6 @@
 /* Unit tests of kernels/cpu/threadpool: every item is handed out exactly once, in contiguous
- * grain-aligned ranges, one range per thread, with the caller as worker 0. The kernels' bit-identity
- * across thread counts rests on this. */
+ * grain-aligned ranges, one range per thread, with the caller as worker 0. The kernels'
+ * bit-identity across thread counts rests on this. */
 #include "testutil.h"
 
 #include <pthread.h>

@@ -266,10 +266,12 @@ def test_register_refusals(cl, protos, good_ids):
     ch, register = unary(cl, "RegisterStage", pb.RegisterResponse)
     cases = [(pb.RegisterRequest(protocol_version=99, advertised_address="127.0.0.1:1"),
               C.FAILED_PRECONDITION, "99"),
-             (pb.RegisterRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, advertised_address=""), C.INVALID_ARGUMENT,
+             (pb.RegisterRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                                 advertised_address=""), C.INVALID_ARGUMENT,
               "advertised_address"),
              # the pipeline has its stages: a fourth one is not taken in
-             (pb.RegisterRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT, advertised_address="127.0.0.1:9"),
+             (pb.RegisterRequest(protocol_version=pb.PROTOCOL_VERSION_CURRENT,
+                                 advertised_address="127.0.0.1:9"),
               C.RESOURCE_EXHAUSTED, "stages"),
              (b"\x0a\xff\xff", C.INVALID_ARGUMENT, "")]
     try:

@@ -31,7 +31,8 @@ def model(models):
 
 
 def single_process(model, tmp_path, tp, tag):
-    """`ppserve run --tp TP --json --dump-logits` (one thread per worker); (json, logits[n, vocab])."""
+    """`ppserve run --tp TP --json --dump-logits` (one thread per worker); (json,
+    logits[n, vocab])."""
     dump = tmp_path / f"{tag}.logits"
     args = [PPSERVE, "run", "--model", str(model / "model.gguf"),
             "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", str(MAX_TOKENS),
@@ -180,7 +181,8 @@ def test_cluster_reports_a_tp_the_heads_refuse(model, tmp_path):
         rc = proc.wait(scaled(60))  # at once, not after the 120 s start-up timeout
     except subprocess.TimeoutExpired:
         stop(proc)
-        raise AssertionError("ppserve cluster --tp 3 hung:\n" + proc.log.read_text(errors="replace"))
+        raise AssertionError("ppserve cluster --tp 3 hung:\n"
+                             + proc.log.read_text(errors="replace"))
     stop(proc)
     text = proc.log.read_text(errors="replace")
     assert rc == 1, text

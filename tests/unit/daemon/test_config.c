@@ -77,7 +77,8 @@ static void test_file_errors_name_file_line_key(void **state)
 {
     (void)state;
     expect_file_error("port = 7100;\n\nport2 = 1;\n", "bad.cfg:3: unknown key 'port2'");
-    expect_file_error("\nport = 70000;\n", "bad.cfg:2: key 'port': expected an integer in [1, 65535], got 70000");
+    expect_file_error("\nport = 70000;\n",
+                      "bad.cfg:2: key 'port': expected an integer in [1, 65535], got 70000");
     expect_file_error("busy = \"high\";\n", "key 'busy': expected a number in [0, 1]");
     expect_file_error("verbose = 1;\n", "key 'verbose': expected true or false");
     expect_file_error("layers = [2, 0];\n", "key 'layers'");
@@ -95,7 +96,8 @@ static void test_flag_errors(void **state)
     defaults(&c);
     char *a1[] = {"--port", "abc"};
     assert_int_not_equal(pp_config_from_args(keys, N_KEYS, &c, 2, a1), PP_OK);
-    assert_non_null(strstr(pp_error_detail(), "--port: key 'port': expected an integer in [1, 65535], got 'abc'"));
+    assert_non_null(strstr(pp_error_detail(),
+                           "--port: key 'port': expected an integer in [1, 65535], got 'abc'"));
     char *a2[] = {"--prot", "1"};
     assert_int_not_equal(pp_config_from_args(keys, N_KEYS, &c, 2, a2), PP_OK);
     assert_non_null(strstr(pp_error_detail(), "unknown key 'prot'"));

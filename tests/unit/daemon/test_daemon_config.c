@@ -138,7 +138,8 @@ static void test_stage_devices(void **state)
     assert_int_equal(pp_stage_config_check(&c), PP_OK);
     c.tp = 4;
     assert_int_equal(pp_stage_config_check(&c), PP_ERR_INVALID_ARG);
-    assert_non_null(strstr(pp_error_detail(), "key 'devices': 'cuda:1,0' lists 2 GPUs, but tp is 4"));
+    assert_non_null(
+        strstr(pp_error_detail(), "key 'devices': 'cuda:1,0' lists 2 GPUs, but tp is 4"));
 
     const char *bad[] = {"gpu", "cuda:", "cuda:x", "cuda:0,0"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -188,7 +189,8 @@ static void test_coordinator_cfg(void **state)
     (void)state;
     struct pp_coordinator_config c;
     pp_coordinator_config_defaults(&c);
-    char *argv[] = {"--config", PP_SOURCE_DIR "/deploy/config/coordinator.cfg", "--layers", "10,12"};
+    char *argv[] = {"--config", PP_SOURCE_DIR "/deploy/config/coordinator.cfg", "--layers",
+                    "10,12"};
     assert_int_equal(pp_config_from_args(pp_coordinator_config_keys, pp_coordinator_config_n_keys,
                                          &c, 4, argv),
                      PP_OK);

@@ -38,8 +38,8 @@ static void sink_free(struct sink *s)
 }
 
 /* A microbatch of two sequences (100 + 60 tokens) of DIM-wide f32 activations: 2.5 MiB. */
-static void make(Ppserve__V1__MicrobatchHeader *h, Ppserve__V1__SeqPart *p, Ppserve__V1__SeqPart **pp,
-                 int64_t *shape, float **data)
+static void make(Ppserve__V1__MicrobatchHeader *h, Ppserve__V1__SeqPart *p,
+                 Ppserve__V1__SeqPart **pp, int64_t *shape, float **data)
 {
     ppserve__v1__seq_part__init(&p[0]);
     ppserve__v1__seq_part__init(&p[1]);
@@ -172,8 +172,10 @@ static void test_handshake(void **state)
                      PP_OK);
     const Ppserve__V1__Handshake *hs = ((Ppserve__V1__HopMessage *)m)->handshake;
     assert_int_equal(pp_hop_handshake_check(hs, 1, "sha256:abc", 8), PP_OK);
-    expect(pp_hop_handshake_check(hs, 2, "sha256:abc", 8), "protocol version 1, this side speaks 2");
-    expect(pp_hop_handshake_check(hs, 1, "sha256:def", 8), "model sha256:abc, this side holds sha256:def");
+    expect(pp_hop_handshake_check(hs, 2, "sha256:abc", 8),
+           "protocol version 1, this side speaks 2");
+    expect(pp_hop_handshake_check(hs, 1, "sha256:def", 8),
+           "model sha256:abc, this side holds sha256:def");
     expect(pp_hop_handshake_check(hs, 1, "sha256:abc", 12),
            "the sender ends before layer 8, this side starts at layer 12");
     protobuf_c_message_free_unpacked(m, NULL);

@@ -112,7 +112,8 @@ static void test_matches_generate(void **state)
     (void)state;
     static const int32_t pa[] = {1, 17, 17, 5, 40, 2, 9, 9, 9, 33};
     static const int32_t pb[] = {7, 7, 3};
-    struct seq a = {.id = 41, .prompt = pa, .n_prompt = 10}, b = {.id = 42, .prompt = pb, .n_prompt = 3};
+    struct seq a = {.id = 41, .prompt = pa, .n_prompt = 10},
+               b = {.id = 42, .prompt = pb, .n_prompt = 3};
     ppserve__v1__sampling__init(&a.wire);
     a.wire.temperature = 0.9f, a.wire.top_k = 20, a.wire.repeat_penalty = 1.3f, a.wire.seed = 11;
     ppserve__v1__sampling__init(&b.wire);
