@@ -179,6 +179,22 @@ AI void split8(float *lo, float *hi, __m512 v)
     _mm256_storeu_ps(hi, _mm512_extractf32x8_ps(v, 1));
 }
 
+/* A zmm tile's start: its tokens' activations, and its lane sums from zero (the first block) or
+ * from scratch. */
+AI void ztile_start(const struct dtile *m, const float **xp, __m512 (*acc)[4], int NT)
+{
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NT; j++)
+        xp[j] = m->x + j * m->ldx;
+    _Pragma("GCC unroll 3")
+    for (int q = 0; q < 3; q++)
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NT; j++)
+            acc[q][j] = m->first ? _mm512_setzero_ps()
+                                 : join8(m->acc + 2 * q * m->lda + j * 8,
+                                         m->acc + (2 * q + 1) * m->lda + j * 8);
+}
+
 /* A zmm tile's end: merged into y (the last block) or its lane sums back to scratch. */
 AI void ztile_finish(const struct dtile *m, __m512 (*acc)[4], int NT)
 {
@@ -206,16 +222,7 @@ AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT)
     const float *xp[4];
     __m512 acc[3][4];
     int64_t us = m->g.unit_stride, ub = m->g.row_off, go = m->grp_off;
-    _Pragma("GCC unroll 4")
-    for (int j = 0; j < NT; j++)
-        xp[j] = m->x + j * m->ldx;
-    _Pragma("GCC unroll 3")
-    for (int q = 0; q < 3; q++)
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NT; j++)
-            acc[q][j] = m->first ? _mm512_setzero_ps()
-                                 : join8(m->acc + 2 * q * m->lda + j * 8,
-                                         m->acc + (2 * q + 1) * m->lda + j * 8);
+    ztile_start(m, xp, acc, NT);
     int64_t k = m->k0, kend = m->k0 + m->full;
     const char *wk = m->w + k / 8 * us;
     for (; k + 32 <= kend; k += 32, wk += 4 * us) {
@@ -297,16 +304,7 @@ AI void ztile_q8_run(const struct dtile *m, int NT)
     const float *xp[4];
     __m512 acc[3][4];
     int64_t us = m->g.unit_stride, ro = m->g.row_off, go = m->grp_off;
-    _Pragma("GCC unroll 4")
-    for (int j = 0; j < NT; j++)
-        xp[j] = m->x + j * m->ldx;
-    _Pragma("GCC unroll 3")
-    for (int q = 0; q < 3; q++)
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NT; j++)
-            acc[q][j] = m->first ? _mm512_setzero_ps()
-                                 : join8(m->acc + 2 * q * m->lda + j * 8,
-                                         m->acc + (2 * q + 1) * m->lda + j * 8);
+    ztile_start(m, xp, acc, NT);
     int64_t kend = m->k0 + m->full;
     const char *ua = m->w + m->k0 / PP_Q8_0_BLOCK * us;
     for (int64_t k = m->k0; k < kend; k += PP_Q8_0_BLOCK, ua += us) {
@@ -345,19 +343,14 @@ AI void ztile_q8_run(const struct dtile *m, int NT)
 #define ZTILE(name, dt, nt)                                                                        \
     __attribute__((noinline)) static void ztile_##name##_##nt(const struct dtile *m)              \
     {                                                                                              \
-        ztile_run(m, dt, nt);                                                                      \
+        if (dt == PP_DTYPE_Q8_0)                                                                   \
+            ztile_q8_run(m, nt);                                                                   \
+        else                                                                                       \
+            ztile_run(m, dt, nt);                                                                  \
     }
 /* n >= 2 tokens never leaves a tile of one (tiles of up to 4, as even as possible) */
 #define ZTILE_DT(name, dt) ZTILE(name, dt, 2) ZTILE(name, dt, 3) ZTILE(name, dt, 4)
-#define ZTILE_Q8(nt)                                                                               \
-    __attribute__((noinline)) static void ztile_q8_0_##nt(const struct dtile *m)                  \
-    {                                                                                              \
-        ztile_q8_run(m, nt);                                                                       \
-    }
-ZTILE_Q8(1)
-ZTILE_Q8(2)
-ZTILE_Q8(3)
-ZTILE_Q8(4)
+ZTILE(q8_0, PP_DTYPE_Q8_0, 1) ZTILE_DT(q8_0, PP_DTYPE_Q8_0)
 
 /* Few-token tiles over weights in row groups: two whole groups (6 rows, two streams of weights) as
  * zmm pairs (ztile_run) for 2 to 20 tokens in tiles of up to 4; the 1-3 row ymm tiles of the
