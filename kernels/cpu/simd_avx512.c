@@ -310,14 +310,8 @@ AI void ztile_q8_run(const struct dtile *m, int NT)
     for (int64_t k = m->k0; k < kend; k += PP_Q8_0_BLOCK, ua += us) {
         const char *ub = ua + go;
         const char *lo[3] = {ua, ua + 2 * ro, ub + ro}, *hi[3] = {ua + ro, ub, ub + 2 * ro};
-        if (m->pf) {
-            const char *pl = ua + m->pf;
-            if (m->pf_end && pl >= m->pf_end)
-                pl += m->pf_wrap;
-            _Pragma("GCC unroll 6")
-            for (int i = 0; i < 6; i++)
-                _mm_prefetch(pl + i / 3 * go + i % 3 * ro, PP_MM_PF_HINT);
-        }
+        if (m->pf)
+            dtile_prefetch(m, ua, PP_DTYPE_Q8_0, 6);
         __m512 d[3];
         _Pragma("GCC unroll 3")
         for (int q = 0; q < 3; q++)

@@ -117,7 +117,7 @@ struct dtile {
 };
 
 /* Prefetches the lines of the MR rows that come next, for the 32 elements at wk (the tile's rows'
- * units of one step, where tile row 0's unit is; f32, f16, bf16). */
+ * units of one step, or their Q8_0 blocks, where tile row 0's is). */
 AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, int MR)
 {
     const char *pl = wk + m->pf;
@@ -241,11 +241,10 @@ AI void dtile_finish(__m256 acc[6][4], const struct dtile *m, int MR, int NT)
     }
 }
 
-/* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
-AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
+/* The start of a tile's block: its tokens' activations, and its lane sums from zero (the first
+ * block) or from scratch. */
+AI void dtile_start(__m256 acc[6][4], const float **xp, const struct dtile *m, int MR, int NT)
 {
-    const float *xp[4];
-    __m256 acc[6][4];
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NT; j++)
         xp[j] = m->x + j * m->ldx;
@@ -255,6 +254,14 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
         for (int j = 0; j < NT; j++)
             acc[i][j] = m->first ? _mm256_setzero_ps()
                                  : _mm256_loadu_ps(m->acc + i * m->lda + j * 8);
+}
+
+/* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
+AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
+{
+    const float *xp[4];
+    __m256 acc[6][4];
+    dtile_start(acc, xp, m, MR, NT);
     int64_t k0 = m->k0, kend = m->k0 + m->full;
     if (dt == PP_DTYPE_Q8_0) {
         /* one scale per row per 32-element block, four steps under it */
@@ -265,14 +272,11 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
         for (int64_t k = k0; k < kend; k += PP_Q8_0_BLOCK) {
             __m256 d[6];
             const uint8_t *blk[6];
+            if (m->pf)
+                dtile_prefetch(m, m->w + k / PP_Q8_0_BLOCK * m->g.unit_stride, dt, MR);
             _Pragma("GCC unroll 6")
             for (int i = 0; i < MR; i++) {
                 blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * m->g.unit_stride;
-                if (m->pf) {
-                    const char *pb = (const char *)blk[i] + m->pf;
-                    _mm_prefetch(m->pf_end && pb >= m->pf_end ? pb + m->pf_wrap : pb,
-                                 PP_MM_PF_HINT);
-                }
                 d[i] = _mm256_set1_ps(q8_scale(blk[i]));
             }
             _Pragma("GCC unroll 4")
@@ -315,17 +319,9 @@ AI void dtile_run_alt(const struct dtile *m, enum pp_dtype dt, int NT)
     mg[1].acc = m->acc + PP_ROW_GROUP * m->lda;
     mg[1].y = m->y + PP_ROW_GROUP;
     const float *xp[4];
-    _Pragma("GCC unroll 4")
-    for (int j = 0; j < NT; j++)
-        xp[j] = m->x + j * m->ldx;
     __m256 lanes[2][6][4];
     for (int g = 0; g < 2; g++)
-        _Pragma("GCC unroll 3")
-        for (int i = 0; i < 3; i++)
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++)
-                lanes[g][i][j] = m->first ? _mm256_setzero_ps()
-                                          : _mm256_loadu_ps(mg[g].acc + i * m->lda + j * 8);
+        dtile_start(lanes[g], xp, &mg[g], 3, NT);
     int64_t kend = m->k0 + m->full, sb = PP_MM_ALT_SUB_BYTES / (dt == PP_DTYPE_F32 ? 4 : 2);
     for (int64_t k = m->k0; k < kend; k += sb) {
         int64_t ke = kend - k < sb ? kend : k + sb;
@@ -409,7 +405,12 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     for (int64_t rs = r0; rs < r1; rs += sb) {
         int64_t rs1 = r1 - rs < sb ? r1 : rs + sb;
         struct dtile m;
-        m.pf_row = a->grouped ? (a->dtype == PP_DTYPE_F32 ? 128 : 64) : a->row_bytes;
+        /* grouped: a pass covers 32 elements of each row, adjacent (f32, f16, bf16: lines 128 or 64
+         * bytes apart) or one 34-byte Q8_0 block after another */
+        m.pf_row = !a->grouped                    ? a->row_bytes
+                   : a->dtype == PP_DTYPE_Q8_0 ? PP_Q8_0_BYTES
+                   : a->dtype == PP_DTYPE_F32  ? 128
+                                               : 64;
         m.ldx = a->ldx;
         m.lda = n * 8;
         m.ldy = a->rows;
