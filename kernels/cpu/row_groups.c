@@ -19,6 +19,21 @@ static int64_t group_rows(int64_t rows, int64_t r)
     return rows - g0 < PP_ROW_GROUP ? rows - g0 : PP_ROW_GROUP;
 }
 
+/* Q8_0: row i's 34-byte block (scale, then 32 int8) into a group's unit, and back out. */
+static void q8_block_put(char *unit, const struct pp_row_group *q, int64_t i, const char *block)
+{
+    memcpy(unit + pp__q8_scale_at(q, i), block, 2);
+    for (int64_t s = 0; s < PP_Q8_0_BLOCK / 8; s++)
+        memcpy(unit + pp__q8_step_at(q, i, s), block + 2 + 8 * s, 8);
+}
+
+static void q8_block_get(char *block, const char *unit, const struct pp_row_group *q, int64_t i)
+{
+    memcpy(block, unit + pp__q8_scale_at(q, i), 2);
+    for (int64_t s = 0; s < PP_Q8_0_BLOCK / 8; s++)
+        memcpy(block + 2 + 8 * s, unit + pp__q8_step_at(q, i, s), 8);
+}
+
 void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t rows, int64_t cols)
 {
     int64_t row_bytes = pp_dtype_row_bytes(dt, cols), ue = pp__unit_elems(dt);
@@ -30,9 +45,13 @@ void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t r
         char *gd = (char *)dst + g0 * row_bytes;
         for (int64_t i = 0; i < g; i++) {
             const char *row = (const char *)src + (g0 + i) * row_bytes;
-            for (int64_t u = 0; u < units; u++)
-                memcpy(gd + unit_offset(&q, whole, i, u), row + u * ub,
-                       (size_t)(u < whole ? ub : tail));
+            for (int64_t u = 0; u < units; u++) {
+                if (dt == PP_DTYPE_Q8_0)
+                    q8_block_put(gd + u * q.unit_stride, &q, i, row + u * ub);
+                else
+                    memcpy(gd + unit_offset(&q, whole, i, u), row + u * ub,
+                           (size_t)(u < whole ? ub : tail));
+            }
         }
     }
 }
@@ -46,6 +65,11 @@ void pp__row_groups_row_to_f32(float *dst, const void *w, enum pp_dtype dt, int6
     const char *gd = (const char *)w + g0 * row_bytes;
     for (int64_t k = 0; k < cols; k += ue) {
         int64_t n = cols - k < ue ? cols - k : ue;
-        pp_row_to_f32(dst + k, gd + unit_offset(&q, whole, r - g0, k / ue), dt, n);
+        if (dt == PP_DTYPE_Q8_0) {
+            char block[PP_Q8_0_BYTES];
+            q8_block_get(block, gd + k / ue * q.unit_stride, &q, r - g0);
+            pp_row_to_f32(dst + k, block, dt, n);
+        } else
+            pp_row_to_f32(dst + k, gd + unit_offset(&q, whole, r - g0, k / ue), dt, n);
     }
 }

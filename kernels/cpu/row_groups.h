@@ -6,7 +6,12 @@
  * streams one contiguous run of memory instead of one per row (one stream per thread for the
  * hardware prefetcher, and no restart at every row's end). A group occupies the same bytes as its
  * rows row-major would, at the same place: rows [r, r + g) of the group at row r live in bytes
- * [r · row_bytes, (r + g) · row_bytes). Only addresses change, never the arithmetic. */
+ * [r · row_bytes, (r + g) · row_bytes). Only addresses change, never the arithmetic.
+ *
+ * A Q8_0 group's unit holds its g rows' blocks of one 32-element span interleaved: the g f16
+ * scales first (row i's at 2i), then for each 8-element step s the g rows' eight int8 side by side
+ * (row i's at 2g + 8gs + 8i). So the step of two adjacent rows is 16 contiguous bytes, which the
+ * AVX-512 tile turns into one zmm row pair with one sign extension (kernels/cpu/simd_avx512.c). */
 #ifndef PP_CPU_ROW_GROUPS_H
 #define PP_CPU_ROW_GROUPS_H
 
@@ -31,11 +36,14 @@ static inline int64_t pp__unit_bytes(enum pp_dtype dt)
 /* Where a group's row i keeps its units, relative to the group's first byte (grouped = 0 describes
  * plain row-major rows the same way, so one loop serves both): unit u of row i at
  * i · row_off + u · unit_stride; the short last unit at
- * (cols / unit) · unit_stride + i · tail_off. */
+ * (cols / unit) · unit_stride + i · tail_off. A Q8_0 unit is not one row's block (see above): from
+ * the unit at u · unit_stride, row i's scale is at i · d_off and its eight int8 of step s at
+ * q_base + i · row_off + s · q_step (pp__q8_scale_at, pp__q8_step_at). */
 struct pp_row_group {
     int64_t row_off;
     int64_t unit_stride;
     int64_t tail_off;
+    int64_t d_off, q_base, q_step; /* Q8_0 only */
 };
 
 /* The geometry of a group of g rows of a [?, cols] dt weight. */
@@ -48,7 +56,26 @@ static inline struct pp_row_group pp__row_group(enum pp_dtype dt, int64_t cols, 
     q.row_off = grouped ? ub : row_bytes;
     q.unit_stride = grouped ? g * ub : ub;
     q.tail_off = grouped ? rem * esz : row_bytes;
+    q.d_off = q.q_base = q.q_step = 0;
+    if (dt == PP_DTYPE_Q8_0) {
+        q.row_off = grouped ? 8 : row_bytes;
+        q.d_off = grouped ? 2 : row_bytes;
+        q.q_base = grouped ? 2 * g : 2;
+        q.q_step = grouped ? 8 * g : 8;
+    }
     return q;
+}
+
+/* Q8_0: the offsets, from a unit's first byte, of row i's scale and of its int8 of step s (s in
+ * 0-3). */
+static inline int64_t pp__q8_scale_at(const struct pp_row_group *q, int64_t i)
+{
+    return i * q->d_off;
+}
+
+static inline int64_t pp__q8_step_at(const struct pp_row_group *q, int64_t i, int64_t s)
+{
+    return q->q_base + i * q->row_off + s * q->q_step;
 }
 
 /* Rewrites a row-major [rows, cols] dt weight into the grouped layout (dst and src the same size,

@@ -110,10 +110,8 @@ AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t
             float *pp = panel + (p / mr) * steps * mr * 8 + g * 8;
             int64_t left = mc - p - g;
             int nr = left < PP_ROW_GROUP ? (left > 0 ? (int)left : 0) : PP_ROW_GROUP;
-            const char *gb = (const char *)a->w + (r + p + g) * a->row_bytes, *rw[PP_ROW_GROUP];
+            const char *gb = (const char *)a->w + (r + p + g) * a->row_bytes;
             struct pp_row_group q = pp__row_group(dt, a->cols, a->grouped, nr ? nr : 1);
-            for (int i = 0; i < nr; i++)
-                rw[i] = gb + i * q.row_off;
             /* the group's rows side by side, so that the panel is written in order (2-6% faster
              * at 128 tokens than one row after another) */
             int64_t s = 0;
@@ -126,17 +124,32 @@ AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t
                     _Pragma("GCC unroll 3")
                     for (int i = 0; i < PP_ROW_GROUP; i++)
                         _mm256_storeu_ps(d + i * 8, ld_unit(u + i * q.row_off, dt));
+            } else if (nr == PP_ROW_GROUP && a->grouped) {
+                /* Q8_0: a unit's three scales once, then its four steps, each the three rows'
+                 * int8 side by side (k0 and full are whole blocks) */
+                const uint8_t *u = (const uint8_t *)gb + k0 / PP_Q8_0_BLOCK * q.unit_stride;
+                for (; s * 8 < full; s += 4, u += q.unit_stride) {
+                    __m256 d[PP_ROW_GROUP];
+                    _Pragma("GCC unroll 3")
+                    for (int i = 0; i < PP_ROW_GROUP; i++)
+                        d[i] = _mm256_set1_ps(q8_scale(u + pp__q8_scale_at(&q, i)));
+                    _Pragma("GCC unroll 4")
+                    for (int t = 0; t < 4; t++)
+                        _Pragma("GCC unroll 3")
+                        for (int i = 0; i < PP_ROW_GROUP; i++)
+                            _mm256_storeu_ps(pp + (s + t) * mr * 8 + i * 8,
+                                             ld_q8(u + pp__q8_step_at(&q, i, t), d[i]));
+                }
             } else if (nr == PP_ROW_GROUP) {
                 for (; s * 8 < full; s++)
                     _Pragma("GCC unroll 3")
                     for (int i = 0; i < PP_ROW_GROUP; i++)
-                        _mm256_storeu_ps(pp + s * mr * 8 + i * 8,
-                                         ld_w(rw[i], dt, k0 + s * 8, q.unit_stride));
+                        _mm256_storeu_ps(pp + s * mr * 8 + i * 8, ld_w(gb, &q, i, dt, k0 + s * 8));
             } else {
                 for (; s * 8 < full; s++)
                     for (int i = 0; i < PP_ROW_GROUP; i++)
                         _mm256_storeu_ps(pp + s * mr * 8 + i * 8,
-                                         i < nr ? ld_w(rw[i], dt, k0 + s * 8, q.unit_stride)
+                                         i < nr ? ld_w(gb, &q, i, dt, k0 + s * 8)
                                                 : _mm256_setzero_ps());
             }
             if (full < kl)

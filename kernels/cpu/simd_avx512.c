@@ -275,53 +275,53 @@ AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT)
     ztile_finish(m, acc, NT);
 }
 
-/* The eight weights [8s, 8s + 8) of the Q8_0 blocks at lo and hi as one zmm, lo's in the low half,
- * each d·q (exact in f32, as ld_q8). */
-AI __m512 ld_q8_pair(const char *lo, const char *hi, int s, __m512 d)
+/* Sixteen int8 weights as f32, each times its lane's scale (d·q, exact in f32, as ld_q8). */
+AI __m512 q8_cvt16(__m128i q, __m512 d)
 {
-    __m128d q = _mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)(lo + 2 + 8 * s)));
-    q = _mm_loadh_pd(q, (const double *)(hi + 2 + 8 * s));
-    __m512i v = _mm512_cvtepi8_epi32(_mm_castpd_si128(q));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(v), d);
-}
-
-/* The scales of the Q8_0 blocks at lo and hi, eight lanes each. */
-AI __m512 q8_scale_pair(const char *lo, const char *hi)
-{
-    uint16_t a, b;
-    memcpy(&a, lo, 2);
-    memcpy(&b, hi, 2);
-    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(a | (uint32_t)b << 16)));
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
 }
 
 /* ztile_run over Q8_0 row groups: the same row pairs, one scale pair per 32-element block and four
- * steps under it. Converting two rows' weights per instruction halves the int8 conversion that
- * bounds the AVX2 tiles. */
+ * steps under it. A group's unit keeps its rows' steps side by side (kernels/cpu/row_groups.h), so
+ * pairs (0,1) of A and (1,2) of B are each one 16-byte load and one sign extension; the pair of
+ * A's row 2 and B's row 0 takes two loads and a shuffle. The six scales come from the two units'
+ * first bytes (their three f16 each, and one byte pair past them unused) in one conversion. */
 AI void ztile_q8_run(const struct dtile *m, int NT)
 {
     const float *xp[4];
     __m512 acc[3][4];
-    int64_t us = m->g.unit_stride, ro = m->g.row_off, go = m->grp_off;
+    /* whole groups (the 6-row tiles' are): constant offsets, which spare registers */
+    const struct pp_row_group whole = pp__row_group(PP_DTYPE_Q8_0, PP_Q8_0_BLOCK, 1, 3);
+    const struct pp_row_group *g = &whole;
+    int64_t go = m->grp_off;
     ztile_start(m, xp, acc, NT);
+    /* the scales of rows (A0, A1), (A2, B0), (B1, B2) among [A0 A1 A2 - B0 B1 B2 -] */
+    const __m512i pair[3] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                             _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4),
+                             _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6)};
     int64_t kend = m->k0 + m->full;
-    const char *ua = m->w + m->k0 / PP_Q8_0_BLOCK * us;
-    for (int64_t k = m->k0; k < kend; k += PP_Q8_0_BLOCK, ua += us) {
+    const char *ua = m->w + m->k0 / PP_Q8_0_BLOCK * g->unit_stride;
+    for (int64_t k = m->k0; k < kend; k += PP_Q8_0_BLOCK, ua += g->unit_stride) {
         const char *ub = ua + go;
-        const char *lo[3] = {ua, ua + 2 * ro, ub + ro}, *hi[3] = {ua + ro, ub, ub + 2 * ro};
         if (m->pf)
             dtile_prefetch(m, ua, PP_DTYPE_Q8_0, 6);
+        __m128d h = _mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)ua));
+        __m512 f = _mm512_castps256_ps512(
+            _mm256_cvtph_ps(_mm_castpd_si128(_mm_loadh_pd(h, (const double *)ub))));
         __m512 d[3];
         _Pragma("GCC unroll 3")
         for (int q = 0; q < 3; q++)
-            d[q] = q8_scale_pair(lo[q], hi[q]);
+            d[q] = _mm512_permutexvar_ps(pair[q], f);
         _Pragma("GCC unroll 4")
         for (int s = 0; s < PP_Q8_0_BLOCK / 8; s++) {
-            __m512 w[3];
-            _Pragma("GCC unroll 3")
-            for (int q = 0; q < 3; q++)
-                w[q] = ld_q8_pair(lo[q], hi[q], s, d[q]);
+            __m128d lo =
+                _mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)(ua + pp__q8_step_at(g, 2, s))));
+            __m512 w[3] = {
+                q8_cvt16(_mm_loadu_si128((const __m128i *)(ua + pp__q8_step_at(g, 0, s))), d[0]),
+                q8_cvt16(_mm_castpd_si128(
+                             _mm_loadh_pd(lo, (const double *)(ub + pp__q8_step_at(g, 0, s)))),
+                         d[1]),
+                q8_cvt16(_mm_loadu_si128((const __m128i *)(ub + pp__q8_step_at(g, 1, s))), d[2])};
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++) {
                 __m512 xv = dup8(xp[j] + k + s * 8);

@@ -68,17 +68,19 @@ AI __m256 ld_unit(const char *p, enum pp_dtype dt)
     }
 }
 
-/* Eight weights [k, k+8) of a row as f32 (k a multiple of 8, within the row's whole units), the
- * row's units (kernels/cpu/row_groups.h) starting at row, ustride bytes apart. */
-AI __m256 ld_w(const char *row, enum pp_dtype dt, int64_t k, int64_t ustride)
+/* Eight weights [k, k+8) of row i of the group at gb as f32 (k a multiple of 8, within the row's
+ * whole units; q the group's geometry, kernels/cpu/row_groups.h). */
+AI __m256 ld_w(const char *gb, const struct pp_row_group *q, int64_t i, enum pp_dtype dt, int64_t k)
 {
     switch (dt) {
     case PP_DTYPE_F32:
     case PP_DTYPE_F16:
-    case PP_DTYPE_BF16: return ld_unit(row + k / 8 * ustride, dt);
+    case PP_DTYPE_BF16:
+        return ld_unit(gb + i * q->row_off + k / 8 * q->unit_stride, dt);
     default: {
-        const uint8_t *b = (const uint8_t *)row + (k / PP_Q8_0_BLOCK) * ustride;
-        return ld_q8(b + 2 + k % PP_Q8_0_BLOCK, _mm256_set1_ps(q8_scale(b)));
+        const uint8_t *u = (const uint8_t *)gb + (k / PP_Q8_0_BLOCK) * q->unit_stride;
+        return ld_q8(u + pp__q8_step_at(q, i, k % PP_Q8_0_BLOCK / 8),
+                     _mm256_set1_ps(q8_scale(u + pp__q8_scale_at(q, i))));
     }
     }
 }
@@ -264,28 +266,30 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
     dtile_start(acc, xp, m, MR, NT);
     int64_t k0 = m->k0, kend = m->k0 + m->full;
     if (dt == PP_DTYPE_Q8_0) {
-        /* one scale per row per 32-element block, four steps under it */
-        const char *rowp[6];
+        /* one scale per row per 32-element block, four steps under it; row i is row i % 3 of
+         * the group (or of the three row-major rows) at i / 3 · grp_off */
+        const struct pp_row_group *g = &m->g;
+        int64_t dof[6], qof[6], qs = g->q_step;
         _Pragma("GCC unroll 6")
-        for (int i = 0; i < MR; i++)
-            rowp[i] = m->w + i / 3 * m->grp_off + i % 3 * m->g.row_off;
+        for (int i = 0; i < MR; i++) {
+            dof[i] = i / 3 * m->grp_off + pp__q8_scale_at(g, i % 3);
+            qof[i] = i / 3 * m->grp_off + pp__q8_step_at(g, i % 3, 0);
+        }
         for (int64_t k = k0; k < kend; k += PP_Q8_0_BLOCK) {
             __m256 d[6];
-            const uint8_t *blk[6];
+            const uint8_t *u = (const uint8_t *)m->w + k / PP_Q8_0_BLOCK * g->unit_stride;
             if (m->pf)
-                dtile_prefetch(m, m->w + k / PP_Q8_0_BLOCK * m->g.unit_stride, dt, MR);
+                dtile_prefetch(m, (const char *)u, dt, MR);
             _Pragma("GCC unroll 6")
-            for (int i = 0; i < MR; i++) {
-                blk[i] = (const uint8_t *)rowp[i] + (k / PP_Q8_0_BLOCK) * m->g.unit_stride;
-                d[i] = _mm256_set1_ps(q8_scale(blk[i]));
-            }
+            for (int i = 0; i < MR; i++)
+                d[i] = _mm256_set1_ps(q8_scale(u + dof[i]));
             _Pragma("GCC unroll 4")
-            for (int s = 0; s < PP_Q8_0_BLOCK; s += 8) {
+            for (int s = 0; s < PP_Q8_0_BLOCK / 8; s++) {
                 __m256 wv[6];
                 _Pragma("GCC unroll 6")
                 for (int i = 0; i < MR; i++)
-                    wv[i] = ld_q8(blk[i] + 2 + s, d[i]);
-                dtile_step(acc, wv, xp, k + s, MR, NT);
+                    wv[i] = ld_q8(u + qof[i] + s * qs, d[i]);
+                dtile_step(acc, wv, xp, k + 8 * s, MR, NT);
             }
         }
     } else {
