@@ -446,7 +446,8 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     /* one stream: a fixed distance ahead, past this group's piece of the block
                      * into the piece read next (the next group's, or the first group's of the
                      * next block) */
-                    int64_t ue = pp__unit_elems(a->dtype), full_us = PP_ROW_GROUP * m.g.row_off;
+                    int64_t ue = pp__unit_elems(a->dtype);
+                    int64_t full_us = PP_ROW_GROUP * pp__unit_bytes(a->dtype);
                     const char *next =
                         r + rows < rs1 ? m.w + rows * a->row_bytes + k0 / ue * full_us
                                      : (const char *)a->w + rs * a->row_bytes +
