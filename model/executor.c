@@ -91,11 +91,15 @@ static pp_status comm_new(struct pp_backend *const *bes, int32_t n, struct pp_co
                             bes[r]->name, bes[0]->name);
     if (host)
         return pp_comm_cpu_new(n, out);
-#ifdef PP_HAVE_CUDA
+#ifdef PP_HAVE_NCCL
     int devices[64];
     for (int32_t r = 0; r < n; r++)
         devices[r] = bes[r]->device;
     return pp_comm_nccl_new(n, devices, out);
+#elif defined(PP_HAVE_CUDA)
+    return pp_error(PP_ERR_UNSUPPORTED, "executor: %d %s workers need NCCL, and this build has "
+                    "none (configure with NCCL_ROOT pointing at an NCCL installation)", n,
+                    bes[0]->name);
 #else
     return pp_error(PP_ERR_UNSUPPORTED, "executor: %d %s workers need a device communicator, and "
                     "this build has none", n, bes[0]->name);

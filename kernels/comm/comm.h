@@ -52,7 +52,7 @@ struct pp_comm {
  * ranks must run concurrently (one thread each): a collective waits for all of them. */
 pp_status pp_comm_cpu_new(int n_ranks, struct pp_comm **out);
 
-#ifdef PP_HAVE_CUDA
+#ifdef PP_HAVE_NCCL
 /* A single-process NCCL communicator over the CUDA devices devices[n_devices] (ncclCommInitAll),
  * rank r on devices[r] with its own stream. Buffers are device memory of the rank's device; each
  * call is complete (stream synchronised) when it returns. */

@@ -69,6 +69,18 @@ for tool in cmake nvcc cc timeout; do
     fi
 done
 
+# NCCL: the toolkit may lack it (a Python image carries it as a wheel, nvidia/nccl/{include,lib}).
+# Without it the CUDA backend builds for one GPU per stage, which is all these checks use.
+nccl=()
+if [ -n "${NCCL_ROOT:-}" ]; then
+    nccl=(-DNCCL_ROOT="$NCCL_ROOT")
+else
+    hdr=$(timeout 30 find /usr/local /opt /usr/lib /usr/include -name nccl.h -path '*include*' \
+          2>/dev/null | head -1)
+    [ -n "$hdr" ] && nccl=(-DNCCL_ROOT="$(dirname "$(dirname "$hdr")")")
+fi
+echo "nccl: ${nccl[*]:-not found}"
+
 # Compile for this GPU only when one answers (faster); otherwise for the default sm_80 and sm_90.
 arch=""
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -79,12 +91,13 @@ fi
 
 : >"$results/build.log"
 step configure 90 "$results/build.log" cmake -S "$root" -B "$build" -DPP_ENGINE_ONLY=ON \
-    -DCMAKE_BUILD_TYPE=Release $arch
+    -DCMAKE_BUILD_TYPE=Release $arch "${nccl[@]}"
 if [ "${status[configure]}" -ne 0 ] || ! grep -q 'cuda=ON' "$results/build.log"; then
     echo "run.sh: configuring failed or CMake did not enable CUDA (see build.log)" >&2
     summary "configure failed"
     exit 3
 fi
+grep -E 'ppserve: engine_only|NCCL' "$results/build.log"
 step build 150 "$results/build.log" cmake --build "$build" -j "$jobs" --target ppserve \
     test_cuda_ops test_cuda_e2e bench_gpu
 if [ "${status[build]}" -ne 0 ]; then
@@ -109,6 +122,26 @@ status[gpu]=0
 : >"$results/ops.log"
 step ops 60 "$results/ops.log" "$tests/test_cuda_ops" --json "$results/ops.json" || failed=1
 tail -n 45 "$results/ops.log"
+# A CUDA error (exit 3), a crash or a timeout stops every later family: run each family alone
+# (launches synchronous, so the error names its op), and the first that breaks again under
+# compute-sanitizer's memcheck where the toolkit has it.
+if [ "${status[ops]}" -ne 0 ] && [ "${status[ops]}" -ne 1 ]; then
+    sanitizer=$(command -v compute-sanitizer || echo "$(dirname "$(command -v nvcc)")/compute-sanitizer")
+    for fam in embed rmsnorm rope elementwise rows topk moe_route attention matmul; do
+        echo "-- $fam alone" >>"$results/ops.log"
+        CUDA_LAUNCH_BLOCKING=1 timeout --kill-after=5 30 "$tests/test_cuda_ops" "$fam" \
+            >>"$results/ops.log" 2>&1
+        rc=$?
+        echo "   ops $fam alone: exit $rc" | tee -a "$results/ops.log"
+        if [ $rc -ne 0 ] && [ $rc -ne 1 ] && [ -x "$sanitizer" ] && [ -z "${sanitized:-}" ]; then
+            sanitized=$fam
+            echo "-- $fam under compute-sanitizer" >>"$results/ops.log"
+            timeout --kill-after=5 60 "$sanitizer" --tool memcheck --print-limit 8 \
+                "$tests/test_cuda_ops" "$fam" >>"$results/ops.log" 2>&1
+            echo "   ops $fam under compute-sanitizer: exit $?" | tee -a "$results/ops.log"
+        fi
+    done
+fi
 
 models=$(mktemp -d)
 trap 'rm -rf "$models"' EXIT

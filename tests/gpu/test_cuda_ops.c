@@ -4,7 +4,12 @@
  * worst absolute and relative error (relative to the largest reference value of a case) and
  * PASS/FAIL, and writes the same as JSON (--json FILE).
  *
- * Exit status: 0 all pass, 1 a case failed, 77 no usable GPU here (nothing run), 2 bad usage.
+ * Usage: test_cuda_ops [--json FILE] [--device N] [--seed N] [OP...]: OP names the op families
+ * to run (embed rmsnorm rope elementwise rows topk moe_route attention matmul; all by default), so
+ * that a family that breaks the CUDA context can be run alone.
+ *
+ * Exit status: 0 all pass, 1 a case failed, 3 a CUDA call failed (the op named on stderr), 77 no
+ * usable GPU here (nothing run), 2 bad usage.
  *
  * Tolerances, and why: ops without a reduction are exact or within expf's few ulps (1e-6);
  * reductions in another order (rmsnorm, attention, the GEMV on f32 inputs) 2e-5 to 1e-4; cuBLAS
@@ -113,7 +118,7 @@ static void check_ids(const char *name, const int32_t *got, const int32_t *ref, 
 static void die(const char *what)
 {
     fprintf(stderr, "test_cuda_ops: %s: %s\n", what, pp_error_detail());
-    exit(1);
+    exit(3);
 }
 
 /* --- random data ------------------------------------------------------------------------------ */
@@ -656,19 +661,40 @@ static int write_json(const char *path, const char *device)
     return fclose(f) == 0 ? 0 : -1;
 }
 
+static const struct {
+    const char *name;
+    void (*run)(void);
+} families[] = {
+    {"embed", test_embed}, {"rmsnorm", test_rmsnorm}, {"rope", test_rope},
+    {"elementwise", test_elementwise}, {"rows", test_rows}, {"topk", test_topk},
+    {"moe_route", test_moe_route}, {"attention", test_attention}, {"matmul", test_matmul},
+};
+#define N_FAMILIES (int)(sizeof(families) / sizeof(families[0]))
+
 int main(int argc, char **argv)
 {
     const char *json = NULL;
     int device = 0;
+    int chosen[N_FAMILIES] = {0}, any = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
+        int f = -1;
+        for (int k = 0; k < N_FAMILIES; k++)
+            if (strcmp(argv[i], families[k].name) == 0)
+                f = k;
+        if (f >= 0)
+            chosen[f] = any = 1;
+        else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
             json = argv[++i];
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = atoi(argv[++i]);
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             rng_state = strtoull(argv[++i], NULL, 10);
         else {
-            fprintf(stderr, "usage: test_cuda_ops [--json FILE] [--device N] [--seed N]\n");
+            fprintf(stderr, "usage: test_cuda_ops [--json FILE] [--device N] [--seed N] [OP...]; "
+                    "'%s' is neither an option nor one of the ops:", argv[i]);
+            for (int k = 0; k < N_FAMILIES; k++)
+                fprintf(stderr, " %s", families[k].name);
+            fprintf(stderr, "\n");
             return 2;
         }
     }
@@ -679,17 +705,16 @@ int main(int argc, char **argv)
     if (pp_backend_cpu_new(4, &cpu) != PP_OK || cpu->ops->reserve(cpu, 8192, 8192) != PP_OK ||
         gpu->ops->reserve(gpu, 8192, 8192) != PP_OK)
         die("backends");
-    test_embed();
-    test_rmsnorm();
-    test_rope();
-    test_elementwise();
-    test_rows();
-    test_topk();
-    test_moe_route();
-    test_attention();
-    test_matmul();
-    if (gpu->ops->sync(gpu) != PP_OK)
-        die("sync");
+    for (int k = 0; k < N_FAMILIES; k++) {
+        if (any && !chosen[k])
+            continue;
+        fprintf(stderr, "test_cuda_ops: %s\n", families[k].name);
+        families[k].run();
+        if (gpu->ops->sync(gpu) != PP_OK) {
+            fprintf(stderr, "test_cuda_ops: %s: ", families[k].name);
+            die("sync after the family");
+        }
+    }
     int failed = 0;
     printf("%-40s %6s %11s %11s %11s  %s\n", "op", "cases", "max_abs", "max_rel", "tolerance",
            "result");
