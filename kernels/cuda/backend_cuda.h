@@ -31,6 +31,15 @@ extern "C" {
  * cuBLAS. */
 #define PP_CUDA_GEMV_MAX_ROWS 4
 
+/* A weight of at most this many rows (an MoE router: one row per expert) runs in the GEMV kernel
+ * for any number of tokens: its f32 activations keep the router's logits as close to the CPU's as
+ * the decode path's, so a near tie between experts is not decided by 16-bit rounding. */
+#define PP_CUDA_GEMV_ALWAYS_ROWS 256
+
+/* Whether a matmul of n tokens over a weight of `rows` rows takes the GEMV kernel. */
+#define PP_CUDA_USES_GEMV(n, rows)                                                                 \
+    ((n) <= PP_CUDA_GEMV_MAX_ROWS || (rows) <= PP_CUDA_GEMV_ALWAYS_ROWS)
+
 /* A backend on CUDA device `device` with a workspace of workspace_bytes (0: the default; at least
  * 16 MiB). Fails with the CUDA error text when the device cannot be used. *out is freed with
  * be->ops->free(be). */

@@ -212,13 +212,13 @@ void pp__cuda_matmul(struct pp_backend *be, float *y, const float *x, const stru
         gemv<float>(c, y, x, w, n);
         return;
     case PP_DTYPE_BF16:
-        if (n <= PP_CUDA_GEMV_MAX_ROWS)
+        if (PP_CUDA_USES_GEMV(n, w->rows))
             gemv<__nv_bfloat16>(c, y, x, w, n);
         else
             gemm<__nv_bfloat16>(c, y, x, w, n, CUDA_R_16BF);
         return;
     case PP_DTYPE_F16:
-        if (n <= PP_CUDA_GEMV_MAX_ROWS)
+        if (PP_CUDA_USES_GEMV(n, w->rows))
             gemv<__half>(c, y, x, w, n);
         else
             gemm<__half>(c, y, x, w, n, CUDA_R_16F);

@@ -169,6 +169,18 @@ step e2e 60 "$results/e2e.log" "$tests/test_cuda_e2e" --json "$results/e2e.json"
     "$m/mistral_swa_f16/model.gguf" "$m/mixtral_bf16/model.gguf" "$m/qwen2moe_bf16/model.gguf" \
     --tol 6e-2 "$m/llama_f32/model.gguf" "$m/llama_q8_0/model.gguf" || failed=1
 grep -E 'PASS|FAIL|error' "$results/e2e.log" | tail -n 12
+# A model that could not run (exit 3, a crash or a timeout) may have broken the CUDA context for
+# the ones after it: run each model alone, launches synchronous.
+if [ "${status[e2e]}" -ne 0 ] && [ "${status[e2e]}" -ne 1 ]; then
+    for f in "$m"/*/model.gguf; do
+        tol=3e-2
+        case $f in *f32* | *q8_0*) tol=6e-2 ;; esac
+        echo "-- $f alone" >>"$results/e2e.log"
+        CUDA_LAUNCH_BLOCKING=1 timeout --kill-after=5 30 "$tests/test_cuda_e2e" --tol $tol "$f" \
+            >>"$results/e2e.log" 2>&1
+        echo "   e2e $(basename "$(dirname "$f")") alone: exit $?" | tee -a "$results/e2e.log"
+    done
+fi
 
 : >"$results/bench.log"
 step bench 90 "$results/bench.log" "$tests/bench_gpu" --json "$results/bench.json" || failed=1

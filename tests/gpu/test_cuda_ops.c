@@ -258,7 +258,7 @@ static void test_matmul(void)
                     float *dx = dev_from(x, n * cols * 4), *dy = dev_alloc(n * rows * 4);
                     gpu->ops->matmul(gpu, dy, dx, &wd, n);
                     dev_to(got, dy, n * rows * 4);
-                    int gemv = n <= PP_CUDA_GEMV_MAX_ROWS;
+                    int gemv = PP_CUDA_USES_GEMV(n, rows);
                     char name[96], what[96];
                     snprintf(name, sizeof(name), "matmul %s %s", pp_dtype_name(t),
                              gemv ? "gemv" : "cublas");
