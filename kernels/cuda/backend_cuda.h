@@ -51,6 +51,11 @@ pp_status pp_backend_cuda_new(int device, int64_t workspace_bytes, struct pp_bac
 void pp_cuda_fill_uniform(struct pp_backend *be, void *dst, enum pp_dtype t, int64_t n,
                           uint64_t seed, float scale);
 
+/* Queues a kernel that holds the backend's stream for `microseconds` (benchmarks: ops queued
+ * behind it run back to back, so a step's time minus the delay is its GPU time without gaps where
+ * the GPU waited for the host). */
+void pp_cuda_delay(struct pp_backend *be, int64_t microseconds);
+
 #ifdef __cplusplus
 }
 #endif

@@ -61,3 +61,21 @@ extern "C" void pp_cuda_fill_uniform(struct pp_backend *be, void *dst, enum pp_d
     }
     LAUNCH_OK(c, "fill_kernel");
 }
+
+__global__ void delay_kernel(uint64_t ns)
+{
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    while (t - t0 < ns);
+}
+
+extern "C" void pp_cuda_delay(struct pp_backend *be, int64_t microseconds)
+{
+    struct pp_cuda *c = pp__cuda(be);
+    if (microseconds <= 0 || !pp__cuda_enter(c))
+        return;
+    delay_kernel<<<1, 1, 0, c->stream>>>((uint64_t)microseconds * 1000u);
+    LAUNCH_OK(c, "delay_kernel");
+}

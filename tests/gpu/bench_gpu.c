@@ -63,7 +63,15 @@ struct figures {
     double cublas_tflops;
     double decode_ms[2], decode_gbps[2], decode_frac[2], decode_tok_s[2];
     double prefill_ms, prefill_tflops, prefill_frac;
+    /* where the time goes: each GEMV shape alone (weight bytes per second), a decode step's and
+     * the prefill's GPU time with the host's launches hidden behind a delay kernel, and the
+     * prefill's matmuls alone */
+    double gemv_gbps[4];
+    double decode_gpu_ms[2];
+    double prefill_gpu_ms, prefill_matmul_ms;
 };
+
+static const char *const gemv_names[4] = {"lm_head", "ffn_gate", "wq", "wk"};
 
 static const char *json_path;
 
@@ -87,8 +95,14 @@ static void write_json(const struct figures *f)
                 batch[i], DECODE_CONTEXT, f->decode_ms[i], f->decode_tok_s[i], f->decode_gbps[i],
                 f->decode_frac[i]);
     fprintf(o, " \"prefill\": {\"tokens\": %d, \"ms\": %.3f, \"TFLOPs\": %.1f, "
-            "\"fraction_of_cublas\": %.3f}}\n", PREFILL_TOKENS, f->prefill_ms, f->prefill_tflops,
+            "\"fraction_of_cublas\": %.3f},\n", PREFILL_TOKENS, f->prefill_ms, f->prefill_tflops,
             f->prefill_frac);
+    fprintf(o, " \"breakdown\": {\"gemv_GBps\": {");
+    for (int i = 0; i < 4; i++)
+        fprintf(o, "%s\"%s\": %.1f", i ? ", " : "", gemv_names[i], f->gemv_gbps[i]);
+    fprintf(o, "}, \"decode_gpu_ms\": [%.4f, %.4f], \"prefill_gpu_ms\": %.3f, "
+            "\"prefill_matmul_ms\": %.3f}}\n", f->decode_gpu_ms[0], f->decode_gpu_ms[1],
+            f->prefill_gpu_ms, f->prefill_matmul_ms);
     if (fclose(o) != 0) {
         fprintf(stderr, "bench_gpu: writing %s failed\n", json_path);
         exit(1);
@@ -281,8 +295,8 @@ static void release(struct pp_executor *ex, int batch, uint64_t base)
 
 /* Seconds per decode step of `batch` sequences holding DECODE_CONTEXT tokens; *kv_bytes: the K
  * and V a step reads and writes, kv_pos_bytes per position. */
-static double decode(struct pp_executor *ex, int batch, float *logits, int64_t kv_pos_bytes,
-                     int64_t *kv_bytes)
+static double decode(struct pp_backend *be, struct pp_executor *ex, int batch, float *logits,
+                     int64_t kv_pos_bytes, int64_t *kv_bytes, double *gpu_s)
 {
     uint64_t base = 1000;
     prefill(ex, batch, DECODE_CONTEXT, base, logits);
@@ -303,9 +317,76 @@ static double decode(struct pp_executor *ex, int batch, float *logits, int64_t k
             *kv_bytes = (int64_t)batch * (DECODE_CONTEXT + step + 1) * kv_pos_bytes;
         }
     }
+    /* the same steps queued behind a 20 ms delay: the GPU's own time */
+    *gpu_s = 1e30;
+    for (int step = DECODE_STEPS + 3; step < DECODE_STEPS + 6; step++) {
+        for (int i = 0; i < batch; i++)
+            s[i] = (struct pp_exec_seq){base + (uint64_t)i, DECODE_CONTEXT + step, 1, 1};
+        struct pp_exec_batch b = {batch, s, t, NULL};
+        CKP("sync", be->ops->sync(be));
+        double t0 = pp_clock_mono();
+        pp_cuda_delay(be, 20000);
+        CKP("decode", pp_executor_forward(ex, &b, NULL, logits));
+        double dt = pp_clock_mono() - t0 - 0.020;
+        if (dt < *gpu_s)
+            *gpu_s = dt;
+    }
     release(ex, batch, base);
     free(s);
     free(t);
+    return best;
+}
+
+/* Weight bytes per second of one-token matmuls on w, 40 queued back to back. */
+static double gemv_rate(struct pp_backend *be, const struct pp_weight *w)
+{
+    float *x = NULL, *y = NULL;
+    CKP("gemv buffers", be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS, w->cols * 4, (void **)&x));
+    CKP("gemv buffers", be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS, w->rows * 4, (void **)&y));
+    pp_cuda_fill_uniform(be, x, PP_DTYPE_F32, w->cols, 7, 1.0f);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        CKP("sync", be->ops->sync(be));
+        pp_cuda_delay(be, 5000);
+        double t0 = pp_clock_mono();
+        for (int i = 0; i < 40; i++)
+            be->ops->matmul(be, y, x, w, 1);
+        CKP("gemv", be->ops->sync(be));
+        double dt = (pp_clock_mono() - t0 - 0.005) / 40;
+        best = dt < best ? dt : best;
+    }
+    be->ops->buf_free(be, PP_MEM_ACTIVATIONS, x);
+    be->ops->buf_free(be, PP_MEM_ACTIVATIONS, y);
+    return (double)w->rows * w->cols * 2 / best / 1e9;
+}
+
+/* Seconds of the prefill's layer matmuls alone (PREFILL_TOKENS tokens, every layer), GPU time. */
+static double prefill_matmuls(struct pp_backend *be, const struct pp_layer_weights *layers)
+{
+    int64_t widest = 14336;
+    float *x = NULL, *y = NULL;
+    int64_t bytes = (int64_t)PREFILL_TOKENS * widest * 4;
+    CKP("matmul buffers", be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS, bytes, (void **)&x));
+    CKP("matmul buffers", be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS, bytes, (void **)&y));
+    pp_cuda_fill_uniform(be, x, PP_DTYPE_F32, PREFILL_TOKENS * widest, 8, 1.0f);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        CKP("sync", be->ops->sync(be));
+        pp_cuda_delay(be, 20000);
+        double t0 = pp_clock_mono();
+        for (int l = 0; l < LAYERS; l++) {
+            const struct pp_layer_weights *w = &layers[l];
+            const struct pp_weight *all[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate,
+                                              &w->w_up, &w->w_down};
+            for (int i = 0; i < 7; i++)
+                be->ops->matmul(be, y, x, all[i], PREFILL_TOKENS);
+        }
+        CKP("matmuls", be->ops->sync(be));
+        double dt = pp_clock_mono() - t0 - 0.020;
+        best = dt < best ? dt : best;
+    }
+    be->ops->buf_free(be, PP_MEM_ACTIVATIONS, x);
+    be->ops->buf_free(be, PP_MEM_ACTIVATIONS, y);
     return best;
 }
 
@@ -324,6 +405,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < 2; i++)
         f.decode_ms[i] = f.decode_gbps[i] = f.decode_frac[i] = f.decode_tok_s[i] = -1;
     f.copy_gbps = f.cublas_tflops = f.prefill_ms = f.prefill_tflops = f.prefill_frac = -1;
+    f.prefill_gpu_ms = f.prefill_matmul_ms = f.decode_gpu_ms[0] = f.decode_gpu_ms[1] = -1;
+    for (int i = 0; i < 4; i++)
+        f.gemv_gbps[i] = -1;
     struct pp_backend *be = NULL;
     if (pp_backend_cuda_new(0, 0, &be) != PP_OK) {
         fprintf(stderr, "bench_gpu: no usable GPU, nothing run: %s\n", pp_error_detail());
@@ -367,16 +451,18 @@ int main(int argc, char **argv)
     const int batch[2] = {1, 32};
     for (int i = 0; i < 2; i++) {
         int64_t kv_bytes = 0;
-        double dt = decode(ex, batch[i], logits, pp_kv_block_bytes(LAYERS, (int32_t)kv_dim, 1),
-                           &kv_bytes);
+        double gpu_s = 0;
+        double dt = decode(be, ex, batch[i], logits,
+                           pp_kv_block_bytes(LAYERS, (int32_t)kv_dim, 1), &kv_bytes, &gpu_s);
+        f.decode_gpu_ms[i] = gpu_s * 1e3;
         double bytes = (double)weight_bytes + (double)kv_bytes + batch[i] * (double)c->dim * 2;
         f.decode_ms[i] = dt * 1e3;
         f.decode_tok_s[i] = batch[i] / dt;
         f.decode_gbps[i] = bytes / dt / 1e9;
         f.decode_frac[i] = f.decode_gbps[i] / f.copy_gbps;
         printf("decode batch %2d at context %d: %.3f ms/step, %.0f tokens/s, %.1f GB/s = %.2f of "
-               "copy bandwidth\n", batch[i], DECODE_CONTEXT, f.decode_ms[i], f.decode_tok_s[i],
-               f.decode_gbps[i], f.decode_frac[i]);
+               "copy bandwidth (GPU time %.3f ms)\n", batch[i], DECODE_CONTEXT, f.decode_ms[i],
+               f.decode_tok_s[i], f.decode_gbps[i], f.decode_frac[i], f.decode_gpu_ms[i]);
         write_json(&f);
     }
 
@@ -397,10 +483,34 @@ int main(int argc, char **argv)
             best = dt;
     }
     f.prefill_ms = best * 1e3;
+    best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        CKP("sync", be->ops->sync(be));
+        double t0 = pp_clock_mono();
+        pp_cuda_delay(be, 50000);
+        prefill(ex, 1, PREFILL_TOKENS, 5000, logits);
+        double dt = pp_clock_mono() - t0 - 0.050;
+        release(ex, 1, 5000);
+        if (dt < best)
+            best = dt;
+    }
+    f.prefill_gpu_ms = best * 1e3;
+    f.prefill_matmul_ms = prefill_matmuls(be, layers) * 1e3;
     f.prefill_tflops = flops / best / 1e12;
     f.prefill_frac = f.prefill_tflops / f.cublas_tflops;
     printf("prefill %d tokens: %.2f ms, %.1f TFLOP/s = %.2f of cuBLAS's GEMM rate\n",
            PREFILL_TOKENS, f.prefill_ms, f.prefill_tflops, f.prefill_frac);
+    printf("prefill's GPU time %.2f ms, its matmuls alone %.2f ms\n", f.prefill_gpu_ms,
+           f.prefill_matmul_ms);
+    write_json(&f);
+    const struct pp_weight *gw[4] = {&m.lm_head, &layers[0].w_gate, &layers[0].wq,
+                                     &layers[0].wk};
+    for (int i = 0; i < 4; i++) {
+        f.gemv_gbps[i] = gemv_rate(be, gw[i]);
+        printf("GEMV %s [%lld, %lld] alone: %.1f GB/s of weights = %.2f of copy bandwidth\n",
+               gemv_names[i], (long long)gw[i]->rows, (long long)gw[i]->cols, f.gemv_gbps[i],
+               f.gemv_gbps[i] / f.copy_gbps);
+    }
     write_json(&f);
 
     pp_executor_free(ex);
