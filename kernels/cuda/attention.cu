@@ -8,21 +8,27 @@
 // row's splits in split order. The split count is chosen so the grid fills the GPU.
 //
 // Prefill (longer parts): a block takes a tile of consecutive rows of one part and one KV head:
-// QT query vectors (rows × the G heads sharing the KV head) in shared memory, keys and values in
-// tiles of 32 through shared memory, each warp holding RPW query vectors' running state and
-// outputs in registers (lane l owns head dimensions l, l + 32, ...).
+// QT = 64 query vectors (rows × the G heads sharing the KV head). Head dims 64 and 128 run on the
+// tensor cores (attn_prefill_tc_kernel): queries (pre-scaled), keys, values and probabilities
+// rounded to f16, products accumulated in f32, the softmax in f32; each warp owns 16 query
+// vectors, keys and values come in tiles of 64 through shared memory. Other head dims take the
+// f32 kernel: keys and values in tiles of 32 through shared memory, each warp holding RPW query
+// vectors' running state and outputs in registers (lane l owns head dimensions l, l + 32, ...).
+#include <cuda_fp16.h>
 #include <math.h>
+#include <mma.h>
 #include <string.h>
 
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda-impl.cuh"
 #include "kernels/cuda/reduce.cuh"
 
-#define DEC_MAX_TOKENS 8 /* parts up to this many tokens take the decode kernel */
+#define DEC_MAX_TOKENS PP_CUDA_ATTN_DECODE_TOKENS /* parts up to this many take the decode kernel */
 #define DEC_THREADS 128
 #define DEC_TK 64        /* keys per tile of the decode kernel */
-#define DEC_MAXG 16      /* query heads per KV head the decode kernel holds */
-#define DEC_MIN_SPLIT 256 /* keys per split at least */
+#define DEC_MAXG PP_CUDA_ATTN_DECODE_MAX_G /* query heads per KV head the decode kernel holds */
+#define DEC_MIN_SPLIT 32 /* keys per split at least */
 #define MAX_HEAD_DIM 256
 #define PRE_THREADS 128  /* 4 warps */
 
@@ -98,6 +104,7 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
             koff[tid] = key_offset(a, btab, kt + tid, kvh);
         __syncthreads();
         /* scores: warp w takes keys w, w + 4, ...; lanes split the head dimension */
+#pragma unroll 4
         for (int j = warp; j < nk; j += DEC_THREADS / 32) {
             const float *krow = a.pool + koff[j];
             float dot[DEC_MAXG];
@@ -148,6 +155,7 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
                 acc[g][0] *= al[g];
                 acc[g][1] *= al[g];
             }
+#pragma unroll 4
         for (int j = 0; j < nk; j++) {
             const float *vrow = a.pool + koff[j] + a.block_elems;
             float v0 = tid < hd ? vrow[tid] : 0.0f;
@@ -354,6 +362,167 @@ __global__ void __launch_bounds__(PRE_THREADS)
     }
 }
 
+/* ---- prefill on the tensor cores (head dims 64 and 128) -------------------------------------- */
+
+#define TC_KT 64 /* keys per tile */
+#define TC_QT 64 /* query vectors per block: 16 per warp */
+
+/* Shared memory: key offsets [TC_KT]; Q [TC_QT][HDP], K and V [TC_KT][HDP] (f16); each warp's
+ * scores [16][SP] (f32) and probabilities [16][PP] (f16); outputs [TC_QT][OP] (f32). Every
+ * section and every fragment's first element is 32-byte aligned, as WMMA needs. */
+template <int HD> struct tc_cfg {
+    static constexpr int HDP = HD + 8;
+    static constexpr int SP = TC_KT + 4;
+    static constexpr int PP = TC_KT + 8;
+    static constexpr int OP = HD + 4;
+    static constexpr size_t off_q = TC_KT * sizeof(int64_t);
+    static constexpr size_t off_k = off_q + (size_t)TC_QT * HDP * 2;
+    static constexpr size_t off_v = off_k + (size_t)TC_KT * HDP * 2;
+    static constexpr size_t off_s = off_v + (size_t)TC_KT * HDP * 2;
+    static constexpr size_t off_p = off_s + (size_t)TC_QT * SP * 4;
+    static constexpr size_t off_o = off_p + (size_t)TC_QT * PP * 2;
+    static constexpr size_t smem = off_o + (size_t)TC_QT * OP * 4;
+    static_assert(off_k % 32 == 0 && off_v % 32 == 0 && off_s % 32 == 0 && off_p % 32 == 0 &&
+                      off_o % 32 == 0 && (16 * HDP * 2) % 32 == 0 && (16 * SP * 4) % 32 == 0 &&
+                      (16 * PP * 2) % 32 == 0 && (16 * OP * 4) % 32 == 0,
+                  "WMMA needs 32-byte aligned fragments");
+};
+
+/* grid (tiles, KV heads), PRE_THREADS (4 warps). Query vector qi = token qi / G of the tile, head
+ * kvh * G + qi % G; warp w owns qi in [16w, 16w + 16), and lanes 2r and 2r + 1 keep row r's
+ * running max and sum (each taking every other key of a tile). Needs head_dim == HD and a pool
+ * whose K and V rows are 16-byte aligned. */
+template <int HD>
+__global__ void __launch_bounds__(PRE_THREADS)
+    attn_prefill_tc_kernel(float *out, const float *q, struct attn_args a,
+                           const struct attn_tile *tiles)
+{
+    using namespace nvcuda;
+    using C = tc_cfg<HD>;
+    extern __shared__ __align__(128) unsigned char tsm[];
+    int64_t *kb = (int64_t *)tsm;
+    __half *Qs = (__half *)(tsm + C::off_q), *Ks = (__half *)(tsm + C::off_k);
+    __half *Vs = (__half *)(tsm + C::off_v), *Ps = (__half *)(tsm + C::off_p);
+    float *Ss = (float *)(tsm + C::off_s), *Os = (float *)(tsm + C::off_o);
+    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    struct attn_tile tile = tiles[blockIdx.x];
+    int32_t kvh = blockIdx.y, G = a.n_heads / a.n_kv_heads;
+    struct pp_cuda_seq sq = a.seqs[tile.seq];
+    const int32_t *btab = a.bt + sq.bt_off;
+    int64_t pos0 = (int64_t)sq.pos + (tile.row0 - sq.row);
+    int64_t klast = pos0 + tile.n_rows - 1, kfirst = first_key(pos0, a.window);
+
+    for (int idx = tid; idx < TC_QT * HD; idx += PRE_THREADS) {
+        int qi = idx / HD, d = idx % HD, t = qi / G;
+        float v = 0.0f;
+        if (t < tile.n_rows)
+            v = q[(int64_t)(tile.row0 + t) * a.n_heads * HD + (int64_t)(kvh * G + qi % G) * HD +
+                  d] * a.scale;
+        Qs[qi * C::HDP + d] = __float2half_rn(v);
+        Os[qi * C::OP + d] = 0.0f;
+    }
+    __syncthreads();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fq[HD / 16], fp[TC_KT / 16];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fk;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fv;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+#pragma unroll
+    for (int k = 0; k < HD / 16; k++)
+        wmma::load_matrix_sync(fq[k], Qs + warp * 16 * C::HDP + k * 16, C::HDP);
+    float *Sw = Ss + warp * 16 * C::SP, *Ow = Os + warp * 16 * C::OP;
+    __half *Pw = Ps + warp * 16 * C::PP;
+    int r = lane >> 1, half = lane & 1, qi = warp * 16 + r, t = qi / G;
+    bool live = t < tile.n_rows;
+    int64_t qp = pos0 + t, qfirst = first_key(qp, a.window);
+    float m = -INFINITY, l = 0.0f;
+
+    for (int64_t k0 = kfirst; k0 <= klast; k0 += TC_KT) {
+        if (tid < TC_KT)
+            kb[tid] = k0 + tid <= klast ? key_offset(a, btab, k0 + tid, kvh) : -1;
+        __syncthreads();
+        for (int idx = tid; idx < TC_KT * HD / 4; idx += PRE_THREADS) {
+            int j = idx / (HD / 4), d = idx % (HD / 4) * 4;
+            int64_t base = kb[j];
+            float4 kk = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kk;
+            if (base >= 0) {
+                kk = *(const float4 *)(a.pool + base + d);
+                vv = *(const float4 *)(a.pool + base + a.block_elems + d);
+            }
+            __half2 *kd = (__half2 *)(Ks + j * C::HDP + d), *vd = (__half2 *)(Vs + j * C::HDP + d);
+            kd[0] = __floats2half2_rn(kk.x, kk.y);
+            kd[1] = __floats2half2_rn(kk.z, kk.w);
+            vd[0] = __floats2half2_rn(vv.x, vv.y);
+            vd[1] = __floats2half2_rn(vv.z, vv.w);
+        }
+        __syncthreads();
+        /* this warp's scores [16][TC_KT] */
+#pragma unroll
+        for (int n0 = 0; n0 < TC_KT; n0 += 16) {
+            wmma::fill_fragment(fc, 0.0f);
+#pragma unroll
+            for (int k = 0; k < HD / 16; k++) {
+                wmma::load_matrix_sync(fk, Ks + n0 * C::HDP + k * 16, C::HDP);
+                wmma::mma_sync(fc, fq[k], fk, fc);
+            }
+            wmma::store_matrix_sync(Sw + n0, fc, C::SP, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* row r: masked running max and sum, probabilities as f16, outputs rescaled */
+        const float *srow = Sw + r * C::SP;
+        float mx = -INFINITY;
+        for (int jj = 0; jj < TC_KT / 2; jj++) {
+            int c = 2 * jj + half;
+            int64_t p = k0 + c;
+            if (live && p <= qp && p >= qfirst)
+                mx = fmaxf(mx, srow[c]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        float m_new = fmaxf(m, mx), alpha = 1.0f, sum = 0.0f;
+        if (m_new != -INFINITY)
+            alpha = expf(m - m_new); /* 0 while m is -inf */
+        for (int jj = 0; jj < TC_KT / 2; jj++) {
+            int c = 2 * jj + half;
+            int64_t p = k0 + c;
+            float pr = 0.0f;
+            if (live && p <= qp && p >= qfirst)
+                pr = expf(srow[c] - m_new);
+            sum += pr;
+            Pw[r * C::PP + c] = __float2half_rn(pr);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        l = l * alpha + sum;
+        m = m_new;
+        if (alpha != 1.0f) {
+            float *orow = Ow + r * C::OP;
+            for (int d = half; d < HD; d += 2)
+                orow[d] *= alpha;
+        }
+        __syncwarp();
+        /* outputs += probabilities x values */
+#pragma unroll
+        for (int k = 0; k < TC_KT / 16; k++)
+            wmma::load_matrix_sync(fp[k], Pw + k * 16, C::PP);
+#pragma unroll
+        for (int n0 = 0; n0 < HD; n0 += 16) {
+            wmma::load_matrix_sync(fc, Ow + n0, C::OP, wmma::mem_row_major);
+#pragma unroll
+            for (int k = 0; k < TC_KT / 16; k++) {
+                wmma::load_matrix_sync(fv, Vs + k * 16 * C::HDP + n0, C::HDP);
+                wmma::mma_sync(fc, fp[k], fv, fc);
+            }
+            wmma::store_matrix_sync(Ow + n0, fc, C::OP, wmma::mem_row_major);
+        }
+        __syncthreads(); /* the key tiles are rewritten next */
+    }
+    if (!live)
+        return;
+    float inv = 1.0f / l;
+    const float *orow = Ow + r * C::OP;
+    float *dst = out + (int64_t)(tile.row0 + t) * a.n_heads * HD + (int64_t)(kvh * G + qi % G) * HD;
+    for (int d = half; d < HD; d += 2)
+        dst[d] = orow[d] * inv;
+}
+
 /* The prefill instantiations: head dims up to 64, 128 and 256. */
 #define PRE_SMALL 2, 16
 #define PRE_MID 4, 16
@@ -362,11 +531,13 @@ __global__ void __launch_bounds__(PRE_THREADS)
 int pp__cuda_attention_setup(struct pp_cuda *c)
 {
     size_t need[] = {prefill_cfg<PRE_SMALL>::smem, prefill_cfg<PRE_MID>::smem,
-                     prefill_cfg<PRE_LARGE>::smem};
+                     prefill_cfg<PRE_LARGE>::smem, tc_cfg<64>::smem, tc_cfg<128>::smem};
     const void *fns[] = {(const void *)attn_prefill_kernel<PRE_SMALL>,
                          (const void *)attn_prefill_kernel<PRE_MID>,
-                         (const void *)attn_prefill_kernel<PRE_LARGE>};
-    for (int i = 0; i < 3; i++) {
+                         (const void *)attn_prefill_kernel<PRE_LARGE>,
+                         (const void *)attn_prefill_tc_kernel<64>,
+                         (const void *)attn_prefill_tc_kernel<128>};
+    for (int i = 0; i < 5; i++) {
         if ((int64_t)need[i] > c->smem_optin)
             continue; /* that head size is refused at launch with a message */
         if (!CUDA_OK(c, cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -396,6 +567,24 @@ static void launch_prefill(struct pp_cuda *c, float *out, const float *q, const 
     dim3 grid((unsigned)n_tiles, (unsigned)a.n_kv_heads);
     attn_prefill_kernel<HDC, RPW><<<grid, PRE_THREADS, smem, c->stream>>>(out, q, a, tiles);
     LAUNCH_OK(c, "attn_prefill_kernel");
+}
+
+static void launch_prefill_tc(struct pp_cuda *c, float *out, const float *q,
+                              const struct attn_args &a, const struct attn_tile *tiles,
+                              int32_t n_tiles)
+{
+    size_t smem = a.head_dim == 64 ? tc_cfg<64>::smem : tc_cfg<128>::smem;
+    if ((int64_t)smem > c->smem_optin) {
+        pp__cuda_fail(c, "attention: head_dim %d needs %zu bytes of shared memory per block on the "
+                      "tensor cores, the device allows %d", a.head_dim, smem, c->smem_optin);
+        return;
+    }
+    dim3 grid((unsigned)n_tiles, (unsigned)a.n_kv_heads);
+    if (a.head_dim == 64)
+        attn_prefill_tc_kernel<64><<<grid, PRE_THREADS, smem, c->stream>>>(out, q, a, tiles);
+    else
+        attn_prefill_tc_kernel<128><<<grid, PRE_THREADS, smem, c->stream>>>(out, q, a, tiles);
+    LAUNCH_OK(c, "attn_prefill_tc_kernel");
 }
 
 void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
@@ -493,7 +682,11 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
     }
     if (n_tiles > 0) {
         const struct attn_tile *t = (const struct attn_tile *)(d + off_tiles);
-        if (hd <= 64)
+        int tc_ok = PP_CUDA_ATTN_TENSOR_CORES(hd) && (uintptr_t)kv->pool % 16 == 0 &&
+                    TC_QT == prefill_qt(hd);
+        if (tc_ok)
+            launch_prefill_tc(c, out, q, a, t, (int32_t)n_tiles);
+        else if (hd <= 64)
             launch_prefill<PRE_SMALL>(c, out, q, a, t, (int32_t)n_tiles);
         else if (hd <= 128)
             launch_prefill<PRE_MID>(c, out, q, a, t, (int32_t)n_tiles);

@@ -40,6 +40,14 @@ extern "C" {
 #define PP_CUDA_USES_GEMV(n, rows)                                                                 \
     ((n) <= PP_CUDA_GEMV_MAX_ROWS || (rows) <= PP_CUDA_GEMV_ALWAYS_ROWS)
 
+/* Attention: sequence parts of up to PP_CUDA_ATTN_DECODE_TOKENS tokens take the f32
+ * flash-decoding kernel (when at most PP_CUDA_ATTN_DECODE_MAX_G query heads share a KV head);
+ * longer parts with head_dim 64 or 128 take the tensor cores (f16 inputs, f32 accumulation and
+ * softmax), other head dims an f32 kernel. */
+#define PP_CUDA_ATTN_DECODE_TOKENS 8
+#define PP_CUDA_ATTN_DECODE_MAX_G 16
+#define PP_CUDA_ATTN_TENSOR_CORES(head_dim) ((head_dim) == 64 || (head_dim) == 128)
+
 /* A backend on CUDA device `device` with a workspace of workspace_bytes (0: the default; at least
  * 16 MiB). Fails with the CUDA error text when the device cannot be used. *out is freed with
  * be->ops->free(be). */
