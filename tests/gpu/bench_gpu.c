@@ -69,6 +69,9 @@ struct figures {
     double gemv_gbps[4];
     double decode_gpu_ms[2];
     double prefill_gpu_ms, prefill_matmul_ms;
+    /* one layer's attention and its other small ops (norms, RoPE, KV store, adds, SwiGLU) alone:
+     * [0] the prefill's 2048 tokens from position 0, [1] one token at position 512 */
+    double attn_ms[2], small_ms[2];
 };
 
 static const char *const gemv_names[4] = {"lm_head", "ffn_gate", "wq", "wk"};
@@ -101,8 +104,10 @@ static void write_json(const struct figures *f)
     for (int i = 0; i < 4; i++)
         fprintf(o, "%s\"%s\": %.1f", i ? ", " : "", gemv_names[i], f->gemv_gbps[i]);
     fprintf(o, "}, \"decode_gpu_ms\": [%.4f, %.4f], \"prefill_gpu_ms\": %.3f, "
-            "\"prefill_matmul_ms\": %.3f}}\n", f->decode_gpu_ms[0], f->decode_gpu_ms[1],
-            f->prefill_gpu_ms, f->prefill_matmul_ms);
+            "\"prefill_matmul_ms\": %.3f,\n  \"layer_attention_ms\": {\"prefill\": %.4f, "
+            "\"decode\": %.4f}, \"layer_small_ops_ms\": {\"prefill\": %.4f, \"decode\": %.4f}}}\n",
+            f->decode_gpu_ms[0], f->decode_gpu_ms[1], f->prefill_gpu_ms, f->prefill_matmul_ms,
+            f->attn_ms[0], f->attn_ms[1], f->small_ms[0], f->small_ms[1]);
     if (fclose(o) != 0) {
         fprintf(stderr, "bench_gpu: writing %s failed\n", json_path);
         exit(1);
@@ -390,6 +395,68 @@ static double prefill_matmuls(struct pp_backend *be, const struct pp_layer_weigh
     return best;
 }
 
+/* GPU seconds per call of one layer's attention (*attn) and of its other small ops (*small) for
+ * one sequence of n tokens at position pos, 8B shape, each queued 10 times behind a delay. */
+static void layer_ops(struct pp_backend *be, const struct pp_model *m, int32_t n, int32_t pos,
+                      double *attn, double *small)
+{
+    const struct pp_model_config *c = &m->cfg;
+    int32_t hd = c->head_dim, kv_dim = c->n_kv_heads * hd, q_dim = c->n_heads * hd, bs = 16;
+    int32_t n_blocks = (pos + n + bs - 1) / bs;
+    int64_t block_elems = (int64_t)bs * kv_dim, d = c->dim, f = c->ffn_dim;
+    int32_t *bt = malloc((size_t)n_blocks * 4), *posv = malloc((size_t)n * 4);
+    if (!bt || !posv) {
+        fprintf(stderr, "bench_gpu: out of host memory\n");
+        exit(1);
+    }
+    for (int32_t i = 0; i < n_blocks; i++)
+        bt[i] = i;
+    for (int32_t i = 0; i < n; i++)
+        posv[i] = pos + i;
+    float *pool, *qb, *kb, *vb, *out, *x, *xb, *gate, *up;
+    int64_t sizes[9] = {n_blocks * 2 * block_elems, (int64_t)n * q_dim, (int64_t)n * kv_dim,
+                        (int64_t)n * kv_dim, (int64_t)n * q_dim, n * d, n * d, n * f, n * f};
+    float **bufs[9] = {&pool, &qb, &kb, &vb, &out, &x, &xb, &gate, &up};
+    for (int i = 0; i < 9; i++) {
+        CKP("layer buffers", be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS, sizes[i] * 4,
+                                                (void **)bufs[i]));
+        pp_cuda_fill_uniform(be, *bufs[i], PP_DTYPE_F32, sizes[i], 40 + (uint64_t)i, 1.0f);
+    }
+    struct pp_kv_view kv = {pool, 1, bs, kv_dim, block_elems};
+    struct pp_attn_seq seq = {0, n, pos, bt};
+    struct pp_attn_shape shape = {c->n_heads, c->n_kv_heads, hd, 0, 0.08838835f};
+    const struct pp_layer_weights *w = &m->layers[0];
+    *attn = *small = 1e30;
+    for (int what = 0; what < 2; what++)
+        for (int rep = 0; rep < 3; rep++) {
+            CKP("sync", be->ops->sync(be));
+            pp_cuda_delay(be, 20000);
+            double t0 = pp_clock_mono();
+            for (int i = 0; i < 10; i++) {
+                if (what == 0) {
+                    be->ops->attention(be, out, qb, &kv, 0, &seq, 1, &shape);
+                    continue;
+                }
+                be->ops->rmsnorm(be, xb, x, w->attn_norm, n, d, c->norm_eps);
+                be->ops->rope(be, qb, posv, n, c->n_heads, hd, m->inv_freq, c->rope_layout);
+                be->ops->rope(be, kb, posv, n, c->n_kv_heads, hd, m->inv_freq, c->rope_layout);
+                be->ops->kv_store(be, &kv, 0, &seq, 1, kb, vb);
+                be->ops->add(be, x, xb, n * d);
+                be->ops->rmsnorm(be, xb, x, w->ffn_norm, n, d, c->norm_eps);
+                be->ops->swiglu(be, gate, gate, up, n * f);
+                be->ops->add(be, x, xb, n * d);
+            }
+            CKP("layer ops", be->ops->sync(be));
+            double dt = (pp_clock_mono() - t0 - 0.020) / 10;
+            double *best = what == 0 ? attn : small;
+            *best = dt < *best ? dt : *best;
+        }
+    for (int i = 0; i < 9; i++)
+        be->ops->buf_free(be, PP_MEM_ACTIVATIONS, *bufs[i]);
+    free(bt);
+    free(posv);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -406,6 +473,7 @@ int main(int argc, char **argv)
         f.decode_ms[i] = f.decode_gbps[i] = f.decode_frac[i] = f.decode_tok_s[i] = -1;
     f.copy_gbps = f.cublas_tflops = f.prefill_ms = f.prefill_tflops = f.prefill_frac = -1;
     f.prefill_gpu_ms = f.prefill_matmul_ms = f.decode_gpu_ms[0] = f.decode_gpu_ms[1] = -1;
+    f.attn_ms[0] = f.attn_ms[1] = f.small_ms[0] = f.small_ms[1] = -1;
     for (int i = 0; i < 4; i++)
         f.gemv_gbps[i] = -1;
     struct pp_backend *be = NULL;
@@ -502,6 +570,16 @@ int main(int argc, char **argv)
            PREFILL_TOKENS, f.prefill_ms, f.prefill_tflops, f.prefill_frac);
     printf("prefill's GPU time %.2f ms, its matmuls alone %.2f ms\n", f.prefill_gpu_ms,
            f.prefill_matmul_ms);
+    write_json(&f);
+    const int32_t lo_n[2] = {PREFILL_TOKENS, 1}, lo_pos[2] = {0, DECODE_CONTEXT};
+    for (int i = 0; i < 2; i++) {
+        double at, sm;
+        layer_ops(be, &m, lo_n[i], lo_pos[i], &at, &sm);
+        f.attn_ms[i] = at * 1e3;
+        f.small_ms[i] = sm * 1e3;
+        printf("one layer, %d token(s) at position %d: attention %.4f ms, the other small ops "
+               "%.4f ms\n", lo_n[i], lo_pos[i], f.attn_ms[i], f.small_ms[i]);
+    }
     write_json(&f);
     const struct pp_weight *gw[4] = {&m.lm_head, &layers[0].w_gate, &layers[0].wq,
                                      &layers[0].wk};
