@@ -28,7 +28,7 @@
 #define DEC_THREADS 128
 #define DEC_TK 64        /* keys per tile of the decode kernel */
 #define DEC_MAXG PP_CUDA_ATTN_DECODE_MAX_G /* query heads per KV head the decode kernel holds */
-#define DEC_MIN_SPLIT 32 /* keys per split at least */
+#define DEC_MIN_SPLIT 64 /* keys per split at least */
 #define MAX_HEAD_DIM 256
 #define PRE_THREADS 128  /* 4 warps */
 
@@ -155,11 +155,14 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
                 acc[g][0] *= al[g];
                 acc[g][1] *= al[g];
             }
-#pragma unroll 4
+#pragma unroll 8
         for (int j = 0; j < nk; j++) {
             const float *vrow = a.pool + koff[j] + a.block_elems;
-            float v0 = tid < hd ? vrow[tid] : 0.0f;
-            float v1 = tid + DEC_THREADS < hd ? vrow[tid + DEC_THREADS] : 0.0f;
+            /* unconditional loads (a real element), zeroed after: see the prefill's loads */
+            float v0 = vrow[tid < hd ? tid : 0];
+            float v1 = vrow[tid + DEC_THREADS < hd ? tid + DEC_THREADS : 0];
+            v0 = tid < hd ? v0 : 0.0f;
+            v1 = tid + DEC_THREADS < hd ? v1 : 0.0f;
 #pragma unroll
             for (int g = 0; g < DEC_MAXG; g++)
                 if (g < G) {
@@ -199,33 +202,50 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
 }
 
 /* grid (decode rows, heads), DEC_THREADS threads: merges a row's splits in split order. Splits that
- * saw no key (sum 0) are skipped. */
+ * saw no key (sum 0) are skipped. Shared: each split's weight exp(max - M) / L. */
 __global__ void attn_merge_kernel(float *out, const float *part, struct attn_args a,
                                   const int32_t *drows, int32_t n_split)
 {
+    extern __shared__ float wt[];
+    __shared__ float red[DEC_THREADS / 32];
     int32_t r = drows[blockIdx.x], h = blockIdx.y, hd = a.head_dim;
+    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     if (a.row_seq[r] < 0)
-        return;
+        return; /* uniform across the block */
     const float *p0 = part + ((int64_t)blockIdx.x * a.n_heads + h) * n_split * (hd + 2);
-    float M = -INFINITY;
-    for (int32_t s = 0; s < n_split; s++)
-        if (p0[s * (hd + 2) + 1] > 0.0f)
-            M = fmaxf(M, p0[s * (hd + 2)]);
-    float L = 0.0f;
-    for (int32_t s = 0; s < n_split; s++) {
-        const float *p = p0 + s * (hd + 2);
-        if (p[1] > 0.0f)
-            L += p[1] * expf(p[0] - M);
+    /* the splits' maxima and sums in parallel; M and L in split order by thread 0 */
+    for (int32_t s = tid; s < n_split; s += DEC_THREADS)
+        wt[s] = p0[s * (hd + 2) + 1] > 0.0f ? p0[s * (hd + 2)] : -INFINITY;
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int32_t s = tid; s < n_split; s += DEC_THREADS)
+        mx = fmaxf(mx, wt[s]);
+    mx = pp_warp_max(mx);
+    if (lane == 0)
+        red[warp] = mx;
+    __syncthreads();
+    float M = red[0];
+    for (int w = 1; w < DEC_THREADS / 32; w++)
+        M = fmaxf(M, red[w]);
+    __syncthreads(); /* red is reused below */
+    for (int32_t s = tid; s < n_split; s += DEC_THREADS)
+        wt[s] = wt[s] == -INFINITY ? 0.0f : expf(wt[s] - M);
+    __syncthreads();
+    if (tid == 0) {
+        float L = 0.0f;
+        for (int32_t s = 0; s < n_split; s++)
+            L += p0[s * (hd + 2) + 1] * wt[s];
+        red[0] = 1.0f / L;
     }
+    __syncthreads();
+    float inv = red[0];
     float *o = out + (int64_t)r * a.n_heads * hd + (int64_t)h * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    for (int d = tid; d < hd; d += DEC_THREADS) {
         float O = 0.0f;
-        for (int32_t s = 0; s < n_split; s++) {
-            const float *p = p0 + s * (hd + 2);
-            if (p[1] > 0.0f)
-                O += p[2 + d] * expf(p[0] - M);
-        }
-        o[d] = O / L;
+#pragma unroll 8
+        for (int32_t s = 0; s < n_split; s++)
+            O += p0[s * (hd + 2) + 2 + d] * wt[s];
+        o[d] = O * inv;
     }
 }
 
@@ -267,6 +287,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
     int64_t klast = pos0 + tile.n_rows - 1, kfirst = first_key(pos0, a.window);
 
     /* query vector qi = token (qi / G) of the tile, head kvh * G + qi % G */
+#pragma unroll 8
     for (int idx = tid; idx < C::QT * C::HP; idx += PRE_THREADS) {
         int qi = idx / C::HP, d = idx % C::HP, t = qi / G;
         float v = 0.0f;
@@ -289,6 +310,7 @@ __global__ void __launch_bounds__(PRE_THREADS)
         if (tid < 32)
             kb[tid] = k0 + tid <= klast ? key_offset(a, btab, k0 + tid, kvh) : -1;
         __syncthreads();
+#pragma unroll 8
         for (int idx = tid; idx < 32 * C::HP; idx += PRE_THREADS) {
             int j = idx / C::HP, d = idx % C::HP;
             int64_t base = kb[j];
@@ -412,14 +434,28 @@ __global__ void __launch_bounds__(PRE_THREADS)
     int64_t pos0 = (int64_t)sq.pos + (tile.row0 - sq.row);
     int64_t klast = pos0 + tile.n_rows - 1, kfirst = first_key(pos0, a.window);
 
-    for (int idx = tid; idx < TC_QT * HD; idx += PRE_THREADS) {
-        int qi = idx / HD, d = idx % HD, t = qi / G;
-        float v = 0.0f;
-        if (t < tile.n_rows)
-            v = q[(int64_t)(tile.row0 + t) * a.n_heads * HD + (int64_t)(kvh * G + qi % G) * HD +
-                  d] * a.scale;
-        Qs[qi * C::HDP + d] = __float2half_rn(v);
-        Os[qi * C::OP + d] = 0.0f;
+    /* Loads go out in batches of 8 per thread, unconditionally (rows past the tile's end read a
+     * real row, and the value is replaced by zero after): a load behind a branch waits for the
+     * one before it, and the block would pay the memory latency once per element. */
+#pragma unroll
+    for (int b = 0; b < TC_QT * HD / 4 / PRE_THREADS; b += 8) {
+        float4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int idx = tid + (b + u) * PRE_THREADS, qi = idx / (HD / 4), t = qi / G;
+            int tr = t < tile.n_rows ? t : tile.n_rows - 1;
+            v[u] = *(const float4 *)(q + (int64_t)(tile.row0 + tr) * a.n_heads * HD +
+                                     (int64_t)(kvh * G + qi % G) * HD + idx % (HD / 4) * 4);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int idx = tid + (b + u) * PRE_THREADS, qi = idx / (HD / 4), d = idx % (HD / 4) * 4;
+            float sc = qi / G < tile.n_rows ? a.scale : 0.0f;
+            __half2 *qd = (__half2 *)(Qs + qi * C::HDP + d);
+            qd[0] = __floats2half2_rn(v[u].x * sc, v[u].y * sc);
+            qd[1] = __floats2half2_rn(v[u].z * sc, v[u].w * sc);
+            *(float4 *)(Os + qi * C::OP + d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
     }
     __syncthreads();
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fq[HD / 16], fp[TC_KT / 16];
@@ -440,19 +476,28 @@ __global__ void __launch_bounds__(PRE_THREADS)
         if (tid < TC_KT)
             kb[tid] = k0 + tid <= klast ? key_offset(a, btab, k0 + tid, kvh) : -1;
         __syncthreads();
-        for (int idx = tid; idx < TC_KT * HD / 4; idx += PRE_THREADS) {
-            int j = idx / (HD / 4), d = idx % (HD / 4) * 4;
-            int64_t base = kb[j];
-            float4 kk = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kk;
-            if (base >= 0) {
-                kk = *(const float4 *)(a.pool + base + d);
-                vv = *(const float4 *)(a.pool + base + a.block_elems + d);
+#pragma unroll
+        for (int b = 0; b < TC_KT * HD / 4 / PRE_THREADS; b += 8) {
+            float4 kk[8], vv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int idx = tid + (b + u) * PRE_THREADS;
+                int64_t base = kb[idx / (HD / 4)];
+                base = (base >= 0 ? base : kb[0]) + idx % (HD / 4) * 4; /* kb[0]: a real key */
+                kk[u] = *(const float4 *)(a.pool + base);
+                vv[u] = *(const float4 *)(a.pool + base + a.block_elems);
             }
-            __half2 *kd = (__half2 *)(Ks + j * C::HDP + d), *vd = (__half2 *)(Vs + j * C::HDP + d);
-            kd[0] = __floats2half2_rn(kk.x, kk.y);
-            kd[1] = __floats2half2_rn(kk.z, kk.w);
-            vd[0] = __floats2half2_rn(vv.x, vv.y);
-            vd[1] = __floats2half2_rn(vv.z, vv.w);
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int idx = tid + (b + u) * PRE_THREADS, j = idx / (HD / 4), d = idx % (HD / 4) * 4;
+                float z = kb[j] >= 0 ? 1.0f : 0.0f;
+                __half2 *kd = (__half2 *)(Ks + j * C::HDP + d);
+                __half2 *vd = (__half2 *)(Vs + j * C::HDP + d);
+                kd[0] = __floats2half2_rn(kk[u].x * z, kk[u].y * z);
+                kd[1] = __floats2half2_rn(kk[u].z * z, kk[u].w * z);
+                vd[0] = __floats2half2_rn(vv[u].x * z, vv[u].y * z);
+                vd[1] = __floats2half2_rn(vv[u].z * z, vv[u].w * z);
+            }
         }
         __syncthreads();
         /* this warp's scores [16][TC_KT] */
@@ -664,8 +709,8 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
             n_split = c->scratch_bytes / per_split;
         if (n_split < 1)
             n_split = 1;
-        if (n_split > 65535)
-            n_split = 65535;
+        if (n_split > 8192)
+            n_split = 8192; /* the merge's weights fit its shared memory */
         size_t smem = sizeof(int64_t) * DEC_TK +
                       sizeof(float) * ((size_t)G * hd + (size_t)G * DEC_TK + 3 * (size_t)G);
         dim3 grid((unsigned)n_dec, (unsigned)KH, (unsigned)n_split);
@@ -674,7 +719,8 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
         if (!LAUNCH_OK(c, "attn_decode_kernel"))
             return;
         if (n_split > 1) {
-            attn_merge_kernel<<<dim3((unsigned)n_dec, (unsigned)H), DEC_THREADS, 0, c->stream>>>(
+            attn_merge_kernel<<<dim3((unsigned)n_dec, (unsigned)H), DEC_THREADS,
+                                (size_t)n_split * sizeof(float), c->stream>>>(
                 out, (const float *)c->scratch, a, (const int32_t *)d, (int32_t)n_split);
             if (!LAUNCH_OK(c, "attn_merge_kernel"))
                 return;

@@ -67,93 +67,63 @@ __device__ __forceinline__ void word_dot(float *acc, uint4 raw, const float *x, 
     }
 }
 
-/* grid (row blocks, token groups): tokens [blockIdx.y * NT, +NT) of x. Each row is split into
- * S = 8 / rows-per-block contiguous pieces, one warp each (S = 1: a warp per row); the pieces'
- * sums are added in piece order, so a row's result depends on its shape alone. VEC: 16-byte words
- * (needs cols % V == 0 and 16-byte aligned w and x); otherwise one element per lane step. */
+/* grid (row blocks, token groups): tokens [blockIdx.y * NT, +NT) of x. VEC: 16-byte words (needs
+ * cols % V == 0 and 16-byte aligned w and x); otherwise one element per lane step. */
 template <typename W, int NT, bool VEC>
 __global__ void __launch_bounds__(GEMV_THREADS)
-    gemv_kernel(float *y, const float *x, const W *w, int64_t rows, int64_t cols, int S)
+    gemv_kernel(float *y, const float *x, const W *w, int64_t rows, int64_t cols)
 {
-    __shared__ float part[GEMV_THREADS / 32][NT];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, piece = warp % S;
-    int64_t row = (int64_t)blockIdx.x * (GEMV_THREADS / 32 / S) + warp / S;
+    int64_t row = (int64_t)blockIdx.x * (GEMV_THREADS / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows)
+        return;
     x += (int64_t)blockIdx.y * NT * cols;
     y += (int64_t)blockIdx.y * NT * rows;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++)
         acc[t] = 0.0f;
-    if (row < rows) {
-        if constexpr (VEC) {
-            constexpr int V = 16 / sizeof(W);
-            const uint4 *wr = reinterpret_cast<const uint4 *>(w + row * cols);
-            int64_t nv = cols / V, v = nv * piece / S + lane, end = nv * (piece + 1) / S;
-            for (; v + 32 * (GEMV_UNROLL - 1) < end; v += 32 * GEMV_UNROLL) {
-                uint4 raw[GEMV_UNROLL];
+    if constexpr (VEC) {
+        constexpr int V = 16 / sizeof(W);
+        const uint4 *wr = reinterpret_cast<const uint4 *>(w + row * cols);
+        int64_t nv = cols / V, v = lane;
+        for (; v + 32 * (GEMV_UNROLL - 1) < nv; v += 32 * GEMV_UNROLL) {
+            uint4 raw[GEMV_UNROLL];
 #pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++)
-                    raw[u] = __ldcs(wr + v + 32 * u); /* streamed: read once per pass */
+            for (int u = 0; u < GEMV_UNROLL; u++)
+                raw[u] = __ldcs(wr + v + 32 * u); /* streamed: a weight is read once per pass */
 #pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++)
-                    word_dot<W, NT>(acc, raw[u], x, cols, (v + 32 * u) * V);
-            }
-            for (; v < end; v += 32)
-                word_dot<W, NT>(acc, __ldcs(wr + v), x, cols, v * V);
-        } else {
-            const W *wr = w + row * cols;
-            for (int64_t e = cols * piece / S + lane, end = cols * (piece + 1) / S; e < end;
-                 e += 32) {
-                float wv = pp_to_f32(wr[e]);
+            for (int u = 0; u < GEMV_UNROLL; u++)
+                word_dot<W, NT>(acc, raw[u], x, cols, (v + 32 * u) * V);
+        }
+        for (; v < nv; v += 32)
+            word_dot<W, NT>(acc, __ldcs(wr + v), x, cols, v * V);
+    } else {
+        const W *wr = w + row * cols;
+        for (int64_t e = lane; e < cols; e += 32) {
+            float wv = pp_to_f32(wr[e]);
 #pragma unroll
-                for (int t = 0; t < NT; t++)
-                    acc[t] += wv * x[t * cols + e];
-            }
+            for (int t = 0; t < NT; t++)
+                acc[t] += wv * x[t * cols + e];
         }
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        float sum = pp_warp_sum(acc[t]);
-        if (S == 1) {
-            if (lane == 0 && row < rows)
-                y[t * rows + row] = sum;
-        } else if (lane == 0) {
-            part[warp][t] = sum;
-        }
+        float s = pp_warp_sum(acc[t]);
+        if (lane == 0)
+            y[t * rows + row] = s;
     }
-    if (S == 1)
-        return; /* uniform across the block */
-    __syncthreads();
-    if (lane == 0 && piece == 0 && row < rows)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float sum = part[warp][t];
-            for (int k = 1; k < S; k++)
-                sum += part[warp + k][t];
-            y[t * rows + row] = sum;
-        }
-}
-
-/* Warps per row for a weight of `rows` rows: the fewest (1, 2, 4 or 8) that give every SM about
- * eight blocks, so that small matrices still keep enough loads in flight. */
-static int gemv_split(const struct pp_cuda *c, int64_t rows)
-{
-    int S = 1;
-    while (S < GEMV_THREADS / 32 && rows * S / (GEMV_THREADS / 32) < 8 * (int64_t)c->sm_count)
-        S *= 2;
-    return S;
 }
 
 template <typename W, int NT>
 static void launch_gemv(struct pp_cuda *c, float *y, const float *x, const W *w, int64_t rows,
                         int64_t cols, int64_t groups, int vec)
 {
-    int S = gemv_split(c, rows);
-    dim3 grid(pp__cuda_blocks(rows, GEMV_THREADS / 32 / S), (unsigned)groups);
+    dim3 grid(pp__cuda_blocks(rows, GEMV_THREADS / 32), (unsigned)groups);
     if (vec)
-        gemv_kernel<W, NT, true><<<grid, GEMV_THREADS, 0, c->stream>>>(y, x, w, rows, cols, S);
+        gemv_kernel<W, NT, true><<<grid, GEMV_THREADS, 0, c->stream>>>(y, x, w, rows, cols);
     else
-        gemv_kernel<W, NT, false><<<grid, GEMV_THREADS, 0, c->stream>>>(y, x, w, rows, cols, S);
+        gemv_kernel<W, NT, false><<<grid, GEMV_THREADS, 0, c->stream>>>(y, x, w, rows, cols);
     LAUNCH_OK(c, "gemv_kernel");
 }
 
