@@ -397,6 +397,8 @@ static double prefill_matmuls(struct pp_backend *be, const struct pp_layer_weigh
 
 /* GPU seconds per call of one layer's attention (*attn) and of its other small ops (*small) for
  * one sequence of n tokens at position pos, 8B shape, each queued 10 times behind a delay. */
+static int layer_ops_once; /* --profile: each op once, untimed */
+
 static void layer_ops(struct pp_backend *be, const struct pp_model *m, int32_t n, int32_t pos,
                       double *attn, double *small)
 {
@@ -427,12 +429,14 @@ static void layer_ops(struct pp_backend *be, const struct pp_model *m, int32_t n
     struct pp_attn_shape shape = {c->n_heads, c->n_kv_heads, hd, 0, 0.08838835f};
     const struct pp_layer_weights *w = &m->layers[0];
     *attn = *small = 1e30;
+    int reps = layer_ops_once ? 1 : 3, calls = layer_ops_once ? 1 : 10;
     for (int what = 0; what < 2; what++)
-        for (int rep = 0; rep < 3; rep++) {
+        for (int rep = 0; rep < reps; rep++) {
             CKP("sync", be->ops->sync(be));
-            pp_cuda_delay(be, 20000);
+            if (!layer_ops_once)
+                pp_cuda_delay(be, 20000);
             double t0 = pp_clock_mono();
-            for (int i = 0; i < 10; i++) {
+            for (int i = 0; i < calls; i++) {
                 if (what == 0) {
                     be->ops->attention(be, out, qb, &kv, 0, &seq, 1, &shape);
                     continue;
@@ -459,11 +463,16 @@ static void layer_ops(struct pp_backend *be, const struct pp_model *m, int32_t n
 
 int main(int argc, char **argv)
 {
+    int profile = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
             json_path = argv[++i];
+        } else if (strcmp(argv[i], "--profile") == 0) {
+            profile = 1;
         } else {
-            fprintf(stderr, "usage: bench_gpu [--json FILE]\n");
+            fprintf(stderr, "usage: bench_gpu [--json FILE] [--profile]\n--profile: only one "
+                    "layer's ops, once each (prefill and decode) and a decode step, for a "
+                    "profiler\n");
             return 2;
         }
     }
@@ -497,6 +506,21 @@ int main(int argc, char **argv)
 
     struct pp_model m;
     struct pp_layer_weights layers[LAYERS];
+    if (profile) {
+        model_init(&m, layers, be);
+        layer_ops_once = 1;
+        double at, sm;
+        layer_ops(be, &m, PREFILL_TOKENS, 0, &at, &sm);
+        layer_ops(be, &m, 1, DECODE_CONTEXT, &at, &sm);
+        float *x = NULL, *y = NULL;
+        CKP("buffers", be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS, 1 << 20, (void **)&x));
+        CKP("buffers", be->ops->buf_alloc(be, PP_MEM_ACTIVATIONS, 1 << 20, (void **)&y));
+        const struct pp_weight *gw[3] = {&layers[0].wq, &layers[0].wk, &layers[0].w_gate};
+        for (int i = 0; i < 3; i++)
+            be->ops->matmul(be, y, x, gw[i], 1);
+        CKP("profile", be->ops->sync(be));
+        return 0;
+    }
     model_init(&m, layers, be);
     struct pp_executor_opts eo = {0};
     eo.max_batch_tokens = PREFILL_TOKENS;
