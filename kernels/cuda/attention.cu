@@ -1,5 +1,6 @@
-// Causal attention over the paged KV cache, f32 throughout, with the CPU's masks: a query at
-// position p sees keys [first, p], first = p - window + 1 with a sliding window (else 0).
+// Causal attention over the paged KV cache with the CPU's masks: a query at position p sees keys
+// [first, p], first = p - window + 1 with a sliding window (else 0). f32 except the tensor-core
+// prefill below.
 //
 // Decode (parts of at most DEC_MAX_TOKENS tokens): flash-decoding. A block takes one query row,
 // one KV head with its G query heads, and one split of the row's keys; it walks the split in tiles
@@ -26,9 +27,9 @@
 
 #define DEC_MAX_TOKENS PP_CUDA_ATTN_DECODE_TOKENS /* parts up to this many take the decode kernel */
 #define DEC_THREADS 128
-#define DEC_TK 64        /* keys per tile of the decode kernel */
+#define DEC_TK 32        /* keys per tile of the decode kernel: one per 4 threads */
 #define DEC_MAXG PP_CUDA_ATTN_DECODE_MAX_G /* query heads per KV head the decode kernel holds */
-#define DEC_MIN_SPLIT 64 /* keys per split at least */
+#define DEC_MIN_SPLIT 32 /* keys per split at least */
 #define MAX_HEAD_DIM 256
 #define PRE_THREADS 128  /* 4 warps */
 
@@ -69,10 +70,16 @@ __device__ __forceinline__ int64_t first_key(int64_t qpos, int32_t window)
 
 /* ---- decode ---------------------------------------------------------------------------------- */
 
-/* grid (decode rows, KV heads, splits), DEC_THREADS threads. Shared: the tile's key offsets
- * [DEC_TK] (int64), q [G][hd], scores [G][DEC_TK], running max, sum and this tile's rescale [G]. */
-__global__ void attn_decode_kernel(float *out, float *part, const float *q, struct attn_args a,
-                                   const int32_t *drows, int32_t n_split)
+/* grid (decode rows, KV heads, splits), DEC_THREADS threads; GM >= G (the query heads beyond G are
+ * zero and never written). Shared: the tile's key offsets [DEC_TK] (int64), q [GM][hd], the tile's
+ * values [DEC_TK][hd], scores [GM][DEC_TK], running max, sum and this tile's rescale [GM].
+ * Scores: four threads per key, each a quarter of the head dims (interleaved float4 words when
+ * head_dim % 16 == 0), loads in batches of 8; values go to shared memory in batches of 8 float4
+ * per thread, and thread t accumulates dims t and t + DEC_THREADS of every head. */
+template <int GM>
+__global__ void __launch_bounds__(DEC_THREADS)
+    attn_decode_kernel(float *out, float *part, const float *q, struct attn_args a,
+                       const int32_t *drows, int32_t n_split)
 {
     extern __shared__ float sm[];
     int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -80,66 +87,109 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
     int32_t s = a.row_seq[r];
     int32_t hd = a.head_dim, G = a.n_heads / a.n_kv_heads;
     int64_t *koff = (int64_t *)sm;
-    float *qs = (float *)(koff + DEC_TK), *sc = qs + G * hd, *ms = sc + G * DEC_TK, *ls = ms + G;
-    float *al = ls + G;
+    float *qs = (float *)(koff + DEC_TK), *vs = qs + GM * hd, *sc = vs + DEC_TK * hd;
+    float *ms = sc + GM * DEC_TK, *ls = ms + GM, *al = ls + GM;
     int64_t qpos = a.row_pos[r], first = first_key(qpos, a.window);
     int64_t span = qpos - first + 1, chunk = (span + n_split - 1) / n_split;
     int64_t k0 = first + (int64_t)split * chunk, k1 = k0 + chunk - 1 < qpos ? k0 + chunk - 1 : qpos;
     const float *qr = q + (int64_t)r * a.n_heads * hd + (int64_t)kvh * G * hd;
-    for (int i = tid; i < G * hd; i += DEC_THREADS)
-        qs[i] = qr[i];
-    if (tid < G) {
+    for (int i = tid; i < GM * hd; i += DEC_THREADS)
+        qs[i] = i < G * hd ? qr[i] : 0.0f;
+    for (int i = tid; i < GM * DEC_TK; i += DEC_THREADS)
+        sc[i] = 0.0f;
+    if (tid < GM) {
         ms[tid] = -INFINITY;
         ls[tid] = 0.0f;
+        al[tid] = 1.0f;
     }
-    float acc[DEC_MAXG][2];
+    float acc[GM][2];
 #pragma unroll
-    for (int g = 0; g < DEC_MAXG; g++)
+    for (int g = 0; g < GM; g++)
         acc[g][0] = acc[g][1] = 0.0f;
     __syncthreads();
     const int32_t *btab = a.bt + a.seqs[s < 0 ? 0 : s].bt_off;
+    bool vec = hd % 16 == 0 && (uintptr_t)a.pool % 16 == 0;
+    int key = tid >> 2, quarter = tid & 3;
     for (int64_t kt = k0; s >= 0 && kt <= k1; kt += DEC_TK) {
         int nk = k1 - kt + 1 < DEC_TK ? (int)(k1 - kt + 1) : DEC_TK;
         if (tid < nk)
             koff[tid] = key_offset(a, btab, kt + tid, kvh);
         __syncthreads();
-        /* scores: warp w takes keys w, w + 4, ...; lanes split the head dimension */
-#pragma unroll 4
-        for (int j = warp; j < nk; j += DEC_THREADS / 32) {
-            const float *krow = a.pool + koff[j];
-            float dot[DEC_MAXG];
+        /* the tile's values (a row past nk reads row 0 and is never used) */
+        if (vec) {
+            int w = hd / 4;
+            for (int i0 = tid; i0 < DEC_TK * w; i0 += 8 * DEC_THREADS) {
+                float4 v[8];
 #pragma unroll
-            for (int g = 0; g < DEC_MAXG; g++)
-                dot[g] = 0.0f;
-            for (int d = lane; d < hd; d += 32) {
+                for (int u = 0; u < 8; u++) {
+                    int i = i0 + u * DEC_THREADS, j = i / w;
+                    j = i < DEC_TK * w && j < nk ? j : 0;
+                    v[u] = ((const float4 *)(a.pool + koff[j] + a.block_elems))[i % w];
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (i0 + u * DEC_THREADS < DEC_TK * w)
+                        ((float4 *)vs)[i0 + u * DEC_THREADS] = v[u];
+            }
+        } else {
+            for (int i = tid; i < DEC_TK * hd; i += DEC_THREADS) {
+                int j = i / hd;
+                vs[i] = j < nk ? a.pool[koff[j] + a.block_elems + i % hd] : 0.0f;
+            }
+        }
+        /* scores of key `key` (quarter of its dims per thread) */
+        float dot[GM];
+#pragma unroll
+        for (int g = 0; g < GM; g++)
+            dot[g] = 0.0f;
+        const float *krow = a.pool + koff[key < nk ? key : 0];
+        if (vec) {
+            int w4 = hd / 16; /* float4 words per quarter: word i * 4 + quarter */
+            const float4 *k4 = (const float4 *)krow, *q4 = (const float4 *)qs;
+            for (int i0 = 0; i0 < w4; i0 += 8) {
+                float4 kk[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    kk[u] = k4[(i0 + u < w4 ? i0 + u : 0) * 4 + quarter];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    if (i0 + u >= w4)
+                        break;
+#pragma unroll
+                    for (int g = 0; g < GM; g++) {
+                        float4 qq = q4[g * (hd / 4) + (i0 + u) * 4 + quarter];
+                        dot[g] += qq.x * kk[u].x + qq.y * kk[u].y + qq.z * kk[u].z +
+                                  qq.w * kk[u].w;
+                    }
+                }
+            }
+        } else {
+            for (int d = quarter; d < hd; d += 4) {
                 float kd = krow[d];
 #pragma unroll
-                for (int g = 0; g < DEC_MAXG; g++)
-                    if (g < G)
-                        dot[g] += qs[g * hd + d] * kd;
+                for (int g = 0; g < GM; g++)
+                    dot[g] += qs[g * hd + d] * kd;
             }
-#pragma unroll
-            for (int g = 0; g < DEC_MAXG; g++)
-                if (g < G) {
-                    float v = pp_warp_sum(dot[g]);
-                    if (lane == 0)
-                        sc[g * DEC_TK + j] = v * a.scale;
-                }
         }
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], 1);
+            dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], 2);
+        }
+        if (quarter == 0 && key < nk)
+#pragma unroll
+            for (int g = 0; g < GM; g++)
+                sc[g * DEC_TK + key] = dot[g] * a.scale;
         __syncthreads();
         /* running max and sum per head; scores become probabilities */
         for (int g = warp; g < G; g += DEC_THREADS / 32) {
             float *row = sc + g * DEC_TK;
             float x0 = lane < nk ? row[lane] : -INFINITY;
-            float x1 = lane + 32 < nk ? row[lane + 32] : -INFINITY;
-            float m_old = ms[g], m_new = fmaxf(m_old, pp_warp_max(fmaxf(x0, x1)));
+            float m_old = ms[g], m_new = fmaxf(m_old, pp_warp_max(x0));
             float p0 = lane < nk ? expf(x0 - m_new) : 0.0f;
-            float p1 = lane + 32 < nk ? expf(x1 - m_new) : 0.0f;
             if (lane < nk)
                 row[lane] = p0;
-            if (lane + 32 < nk)
-                row[lane + 32] = p1;
-            float sum = pp_warp_sum(p0 + p1);
+            float sum = pp_warp_sum(p0);
             if (lane == 0) {
                 float alpha = expf(m_old - m_new); /* 0 on the first tile (m_old = -inf) */
                 ms[g] = m_new;
@@ -148,35 +198,29 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
             }
         }
         __syncthreads();
-        /* outputs: thread t owns dimensions t and t + DEC_THREADS of every head */
 #pragma unroll
-        for (int g = 0; g < DEC_MAXG; g++)
-            if (g < G) {
-                acc[g][0] *= al[g];
-                acc[g][1] *= al[g];
-            }
-#pragma unroll 8
-        for (int j = 0; j < nk; j++) {
-            const float *vrow = a.pool + koff[j] + a.block_elems;
-            /* unconditional loads (a real element), zeroed after: see the prefill's loads */
-            float v0 = vrow[tid < hd ? tid : 0];
-            float v1 = vrow[tid + DEC_THREADS < hd ? tid + DEC_THREADS : 0];
-            v0 = tid < hd ? v0 : 0.0f;
-            v1 = tid + DEC_THREADS < hd ? v1 : 0.0f;
-#pragma unroll
-            for (int g = 0; g < DEC_MAXG; g++)
-                if (g < G) {
-                    float pj = sc[g * DEC_TK + j];
-                    acc[g][0] += pj * v0;
-                    acc[g][1] += pj * v1;
-                }
+        for (int g = 0; g < GM; g++) {
+            acc[g][0] *= al[g];
+            acc[g][1] *= al[g];
         }
-        __syncthreads(); /* sc and koff are rewritten by the next tile */
+        int d0 = tid < hd ? tid : 0, d1 = tid + DEC_THREADS < hd ? tid + DEC_THREADS : 0;
+#pragma unroll 4
+        for (int j = 0; j < nk; j++) {
+            float v0 = tid < hd ? vs[j * hd + d0] : 0.0f;
+            float v1 = tid + DEC_THREADS < hd ? vs[j * hd + d1] : 0.0f;
+#pragma unroll
+            for (int g = 0; g < GM; g++) {
+                float pj = sc[g * DEC_TK + j];
+                acc[g][0] += pj * v0;
+                acc[g][1] += pj * v1;
+            }
+        }
+        __syncthreads(); /* koff, the values and sc are rewritten by the next tile */
     }
     if (s < 0)
         return;
 #pragma unroll
-    for (int g = 0; g < DEC_MAXG; g++) {
+    for (int g = 0; g < GM; g++) {
         if (g >= G)
             break;
         int32_t h = kvh * G + g;
@@ -201,6 +245,13 @@ __global__ void attn_decode_kernel(float *out, float *part, const float *q, stru
     }
 }
 
+/* Shared memory of the decode kernel for GM heads of head_dim hd. */
+static size_t decode_smem(int GM, int32_t hd)
+{
+    return sizeof(int64_t) * DEC_TK +
+           sizeof(float) * ((size_t)GM * hd + (size_t)DEC_TK * hd + (size_t)GM * DEC_TK + 3 * GM);
+}
+
 /* grid (decode rows, heads), DEC_THREADS threads: merges a row's splits in split order. Splits that
  * saw no key (sum 0) are skipped. Shared: each split's weight exp(max - M) / L. */
 __global__ void attn_merge_kernel(float *out, const float *part, struct attn_args a,
@@ -214,8 +265,11 @@ __global__ void attn_merge_kernel(float *out, const float *part, struct attn_arg
         return; /* uniform across the block */
     const float *p0 = part + ((int64_t)blockIdx.x * a.n_heads + h) * n_split * (hd + 2);
     /* the splits' maxima and sums in parallel; M and L in split order by thread 0 */
-    for (int32_t s = tid; s < n_split; s += DEC_THREADS)
-        wt[s] = p0[s * (hd + 2) + 1] > 0.0f ? p0[s * (hd + 2)] : -INFINITY;
+    float *sums = wt + n_split;
+    for (int32_t s = tid; s < n_split; s += DEC_THREADS) {
+        sums[s] = p0[s * (hd + 2) + 1];
+        wt[s] = sums[s] > 0.0f ? p0[s * (hd + 2)] : -INFINITY;
+    }
     __syncthreads();
     float mx = -INFINITY;
     for (int32_t s = tid; s < n_split; s += DEC_THREADS)
@@ -234,7 +288,7 @@ __global__ void attn_merge_kernel(float *out, const float *part, struct attn_arg
     if (tid == 0) {
         float L = 0.0f;
         for (int32_t s = 0; s < n_split; s++)
-            L += p0[s * (hd + 2) + 1] * wt[s];
+            L += sums[s] * wt[s];
         red[0] = 1.0f / L;
     }
     __syncthreads();
@@ -450,7 +504,8 @@ __global__ void __launch_bounds__(PRE_THREADS)
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             int idx = tid + (b + u) * PRE_THREADS, qi = idx / (HD / 4), d = idx % (HD / 4) * 4;
-            float sc = qi / G < tile.n_rows ? a.scale : 0.0f;
+            /* log2(e) folded in: the softmax runs in base 2 (exp2f) */
+            float sc = qi / G < tile.n_rows ? a.scale * 1.44269504088896341f : 0.0f;
             __half2 *qd = (__half2 *)(Qs + qi * C::HDP + d);
             qd[0] = __floats2half2_rn(v[u].x * sc, v[u].y * sc);
             qd[1] = __floats2half2_rn(v[u].z * sc, v[u].w * sc);
@@ -469,7 +524,8 @@ __global__ void __launch_bounds__(PRE_THREADS)
     __half *Pw = Ps + warp * 16 * C::PP;
     int r = lane >> 1, half = lane & 1, qi = warp * 16 + r, t = qi / G;
     bool live = t < tile.n_rows;
-    int64_t qp = pos0 + t, qfirst = first_key(qp, a.window);
+    /* positions fit 32 bits (contexts are int32) */
+    int32_t qp = (int32_t)pos0 + t, qfirst = (int32_t)first_key(qp, a.window);
     float m = -INFINITY, l = 0.0f;
 
     for (int64_t k0 = kfirst; k0 <= klast; k0 += TC_KT) {
@@ -512,35 +568,40 @@ __global__ void __launch_bounds__(PRE_THREADS)
             wmma::store_matrix_sync(Sw + n0, fc, C::SP, wmma::mem_row_major);
         }
         __syncwarp();
-        /* row r: masked running max and sum, probabilities as f16, outputs rescaled */
+        /* row r: masked running max and sum (base 2), probabilities as f16, outputs rescaled.
+         * Row r sees the tile's columns [lo, hi] (none when hi < lo). */
         const float *srow = Sw + r * C::SP;
+        int32_t kt0 = (int32_t)k0;
+        int lo = qfirst - kt0 > 0 ? qfirst - kt0 : 0;
+        int hi = !live ? -1 : qp - kt0 < TC_KT - 1 ? qp - kt0 : TC_KT - 1;
         float mx = -INFINITY;
+#pragma unroll 8
         for (int jj = 0; jj < TC_KT / 2; jj++) {
             int c = 2 * jj + half;
-            int64_t p = k0 + c;
-            if (live && p <= qp && p >= qfirst)
-                mx = fmaxf(mx, srow[c]);
+            float x = srow[c];
+            mx = c >= lo && c <= hi ? fmaxf(mx, x) : mx;
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         float m_new = fmaxf(m, mx), alpha = 1.0f, sum = 0.0f;
         if (m_new != -INFINITY)
-            alpha = expf(m - m_new); /* 0 while m is -inf */
+            alpha = exp2f(m - m_new); /* 0 while m is -inf */
+#pragma unroll 8
         for (int jj = 0; jj < TC_KT / 2; jj++) {
             int c = 2 * jj + half;
-            int64_t p = k0 + c;
-            float pr = 0.0f;
-            if (live && p <= qp && p >= qfirst)
-                pr = expf(srow[c] - m_new);
+            float pr = c >= lo && c <= hi ? exp2f(srow[c] - m_new) : 0.0f;
             sum += pr;
             Pw[r * C::PP + c] = __float2half_rn(pr);
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         l = l * alpha + sum;
         m = m_new;
-        if (alpha != 1.0f) {
-            float *orow = Ow + r * C::OP;
-            for (int d = half; d < HD; d += 2)
-                orow[d] *= alpha;
+        if (alpha != 1.0f) { /* half h of the row: dims [h * HD / 2, (h + 1) * HD / 2) */
+            float4 *orow = (float4 *)(Ow + r * C::OP + half * (HD / 2));
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                float4 o = orow[i];
+                orow[i] = make_float4(o.x * alpha, o.y * alpha, o.z * alpha, o.w * alpha);
+            }
         }
         __syncwarp();
         /* outputs += probabilities x values */
@@ -562,10 +623,14 @@ __global__ void __launch_bounds__(PRE_THREADS)
     if (!live)
         return;
     float inv = 1.0f / l;
-    const float *orow = Ow + r * C::OP;
-    float *dst = out + (int64_t)(tile.row0 + t) * a.n_heads * HD + (int64_t)(kvh * G + qi % G) * HD;
-    for (int d = half; d < HD; d += 2)
-        dst[d] = orow[d] * inv;
+    const float4 *orow = (const float4 *)(Ow + r * C::OP + half * (HD / 2));
+    float4 *dst = (float4 *)(out + (int64_t)(tile.row0 + t) * a.n_heads * HD +
+                             (int64_t)(kvh * G + qi % G) * HD + half * (HD / 2));
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) {
+        float4 o = orow[i];
+        dst[i] = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    }
 }
 
 /* The prefill instantiations: head dims up to 64, 128 and 256. */
@@ -587,6 +652,17 @@ int pp__cuda_attention_setup(struct pp_cuda *c)
             continue; /* that head size is refused at launch with a message */
         if (!CUDA_OK(c, cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)need[i])))
+            return 0;
+    }
+    const void *dec[] = {(const void *)attn_decode_kernel<1>, (const void *)attn_decode_kernel<2>,
+                         (const void *)attn_decode_kernel<4>, (const void *)attn_decode_kernel<8>,
+                         (const void *)attn_decode_kernel<16>};
+    for (int i = 0; i < 5; i++) {
+        size_t most = decode_smem(1 << i, MAX_HEAD_DIM);
+        if ((int64_t)most > c->smem_optin)
+            most = (size_t)c->smem_optin;
+        if (!CUDA_OK(c, cudaFuncSetAttribute(dec[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)most)))
             return 0;
     }
     return 1;
@@ -711,16 +787,38 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
             n_split = 1;
         if (n_split > 8192)
             n_split = 8192; /* the merge's weights fit its shared memory */
-        size_t smem = sizeof(int64_t) * DEC_TK +
-                      sizeof(float) * ((size_t)G * hd + (size_t)G * DEC_TK + 3 * (size_t)G);
+        int GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : G <= 8 ? 8 : 16;
+        size_t smem = decode_smem(GM, hd);
+        if ((int64_t)smem > c->smem_optin)
+            return (void)pp__cuda_fail(c, "attention: decoding head_dim %d needs %zu bytes of "
+                                       "shared memory per block, the device allows %d", hd, smem,
+                                       c->smem_optin);
         dim3 grid((unsigned)n_dec, (unsigned)KH, (unsigned)n_split);
-        attn_decode_kernel<<<grid, DEC_THREADS, smem, c->stream>>>(
-            out, (float *)c->scratch, q, a, (const int32_t *)d, (int32_t)n_split);
+        float *pa = (float *)c->scratch;
+        const int32_t *dr = (const int32_t *)d;
+        int32_t ns = (int32_t)n_split;
+        switch (GM) {
+        case 1:
+            attn_decode_kernel<1><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
+            break;
+        case 2:
+            attn_decode_kernel<2><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
+            break;
+        case 4:
+            attn_decode_kernel<4><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
+            break;
+        case 8:
+            attn_decode_kernel<8><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
+            break;
+        default:
+            attn_decode_kernel<16><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
+            break;
+        }
         if (!LAUNCH_OK(c, "attn_decode_kernel"))
             return;
         if (n_split > 1) {
             attn_merge_kernel<<<dim3((unsigned)n_dec, (unsigned)H), DEC_THREADS,
-                                (size_t)n_split * sizeof(float), c->stream>>>(
+                                2 * (size_t)n_split * sizeof(float), c->stream>>>(
                 out, (const float *)c->scratch, a, (const int32_t *)d, (int32_t)n_split);
             if (!LAUNCH_OK(c, "attn_merge_kernel"))
                 return;

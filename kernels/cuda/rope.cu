@@ -19,12 +19,25 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int64_t n, int32_t n_h
     float cs = (float)cd, sn = (float)sd;
     int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     float *row = x + r * n_heads * (int64_t)head_dim;
-    for (int32_t h = 0; h < n_heads; h++) {
-        float *v = row + (int64_t)h * head_dim;
-        float x0 = v[a], x1 = v[b];
-        /* _rn: no fused multiply-add, the CPU's exact arithmetic */
-        v[a] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-        v[b] = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
+    /* heads in batches of 8, every load of a batch before its stores (a load after a store to
+     * the same array would wait for it) */
+    for (int32_t h0 = 0; h0 < n_heads; h0 += 8) {
+        float x0[8], x1[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int32_t h = h0 + k < n_heads ? h0 + k : h0;
+            x0[k] = row[(int64_t)h * head_dim + a];
+            x1[k] = row[(int64_t)h * head_dim + b];
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            if (h0 + k >= n_heads)
+                break;
+            float *v = row + (int64_t)(h0 + k) * head_dim;
+            /* _rn: no fused multiply-add, the CPU's exact arithmetic */
+            v[a] = __fsub_rn(__fmul_rn(x0[k], cs), __fmul_rn(x1[k], sn));
+            v[b] = __fadd_rn(__fmul_rn(x1[k], cs), __fmul_rn(x0[k], sn));
+        }
     }
 }
 
