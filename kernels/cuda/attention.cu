@@ -10,14 +10,15 @@
 //
 // Prefill (longer parts): a block takes a tile of consecutive rows of one part and one KV head:
 // QT = 64 query vectors (rows × the G heads sharing the KV head). Head dims 64 and 128 run on the
-// tensor cores (attn_prefill_tc_kernel): queries (pre-scaled), keys, values and probabilities
-// rounded to f16, products accumulated in f32, the softmax in f32; each warp owns 16 query
-// vectors, keys and values come in tiles of 64 through shared memory. Other head dims take the
+// tensor cores (attn_prefill_tc_kernel, mma.sync m16n8k16): queries (pre-scaled), keys, values and
+// probabilities rounded to f16, products accumulated in f32, the online softmax in f32 on the
+// fragments; each warp owns 16 query vectors, keys and values come in tiles of 64 through shared
+// memory as f16. Other head dims take the
 // f32 kernel: keys and values in tiles of 32 through shared memory, each warp holding RPW query
 // vectors' running state and outputs in registers (lane l owns head dimensions l, l + 32, ...).
 #include <cuda_fp16.h>
 #include <math.h>
-#include <mma.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kernels/cuda/attention.cuh"
@@ -443,43 +444,68 @@ __global__ void __launch_bounds__(PRE_THREADS)
 #define TC_KT 64 /* keys per tile */
 #define TC_QT 64 /* query vectors per block: 16 per warp */
 
-/* Shared memory: key offsets [TC_KT]; Q [TC_QT][HDP], K and V [TC_KT][HDP] (f16); each warp's
- * scores [16][SP] (f32) and probabilities [16][PP] (f16); outputs [TC_QT][OP] (f32). Every
- * section and every fragment's first element is 32-byte aligned, as WMMA needs. */
+/* Shared memory (f16 rows of HDP halves, a pitch that is 16 bytes past a multiple of 128, so the
+ * eight rows an ldmatrix reads fall in distinct banks): key offsets [TC_KT] (int64), Q [TC_QT],
+ * K [TC_KT], V [TC_KT]. */
 template <int HD> struct tc_cfg {
     static constexpr int HDP = HD + 8;
-    static constexpr int SP = TC_KT + 4;
-    static constexpr int PP = TC_KT + 8;
-    static constexpr int OP = HD + 4;
     static constexpr size_t off_q = TC_KT * sizeof(int64_t);
     static constexpr size_t off_k = off_q + (size_t)TC_QT * HDP * 2;
     static constexpr size_t off_v = off_k + (size_t)TC_KT * HDP * 2;
-    static constexpr size_t off_s = off_v + (size_t)TC_KT * HDP * 2;
-    static constexpr size_t off_p = off_s + (size_t)TC_QT * SP * 4;
-    static constexpr size_t off_o = off_p + (size_t)TC_QT * PP * 2;
-    static constexpr size_t smem = off_o + (size_t)TC_QT * OP * 4;
-    static_assert(off_k % 32 == 0 && off_v % 32 == 0 && off_s % 32 == 0 && off_p % 32 == 0 &&
-                      off_o % 32 == 0 && (16 * HDP * 2) % 32 == 0 && (16 * SP * 4) % 32 == 0 &&
-                      (16 * PP * 2) % 32 == 0 && (16 * OP * 4) % 32 == 0,
-                  "WMMA needs 32-byte aligned fragments");
+    static constexpr size_t smem = off_v + (size_t)TC_KT * HDP * 2;
+    static_assert((HDP * 2) % 16 == 0 && off_q % 16 == 0 && off_k % 16 == 0 && off_v % 16 == 0,
+                  "ldmatrix needs 16-byte aligned rows");
 };
 
+/* d += a (16x16, row-major f16) * b (16x8, column-major f16), f32 accumulation. Fragments as the
+ * PTX ISA lays them out for m16n8k16: with g = lane / 4 and t = lane % 4, a holds rows g and g + 8
+ * at columns 2t, 2t + 1 (regs 0, 1) and 2t + 8, 2t + 9 (regs 2, 3); b holds column g at rows 2t,
+ * 2t + 1 and 2t + 8, 2t + 9; d holds rows g (d[0], d[1]) and g + 8 (d[2], d[3]) at columns 2t,
+ * 2t + 1. */
+__device__ __forceinline__ void mma_16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four 8x8 f16 matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i;
+ * r[i] gets row lane / 4, columns 2 (lane % 4), +1 of matrix i (of its transpose with TRANS). */
+template <bool TRANS> __device__ __forceinline__ void ldsm_x4(uint32_t *r, const __half *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
 /* grid (tiles, KV heads), PRE_THREADS (4 warps). Query vector qi = token qi / G of the tile, head
- * kvh * G + qi % G; warp w owns qi in [16w, 16w + 16), and lanes 2r and 2r + 1 keep row r's
- * running max and sum (each taking every other key of a tile). Needs head_dim == HD and a pool
- * whose K and V rows are 16-byte aligned. */
+ * kvh * G + qi % G; warp w owns qi in [16w, 16w + 16). Scores, probabilities and outputs stay in
+ * mma fragments (FlashAttention-2's layout): lane (g, t) holds rows g and g + 8 of its warp, and
+ * keeps a partial sum of each row that the row's four lanes add at the end. Needs head_dim == HD
+ * and a pool whose K and V rows are 16-byte aligned. */
 template <int HD>
 __global__ void __launch_bounds__(PRE_THREADS)
     attn_prefill_tc_kernel(float *out, const float *q, struct attn_args a,
                            const struct attn_tile *tiles)
 {
-    using namespace nvcuda;
     using C = tc_cfg<HD>;
     extern __shared__ __align__(128) unsigned char tsm[];
     int64_t *kb = (int64_t *)tsm;
     __half *Qs = (__half *)(tsm + C::off_q), *Ks = (__half *)(tsm + C::off_k);
-    __half *Vs = (__half *)(tsm + C::off_v), *Ps = (__half *)(tsm + C::off_p);
-    float *Ss = (float *)(tsm + C::off_s), *Os = (float *)(tsm + C::off_o);
+    __half *Vs = (__half *)(tsm + C::off_v);
     int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     struct attn_tile tile = tiles[blockIdx.x];
     int32_t kvh = blockIdx.y, G = a.n_heads / a.n_kv_heads;
@@ -509,24 +535,30 @@ __global__ void __launch_bounds__(PRE_THREADS)
             __half2 *qd = (__half2 *)(Qs + qi * C::HDP + d);
             qd[0] = __floats2half2_rn(v[u].x * sc, v[u].y * sc);
             qd[1] = __floats2half2_rn(v[u].z * sc, v[u].w * sc);
-            *(float4 *)(Os + qi * C::OP + d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
     __syncthreads();
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fq[HD / 16], fp[TC_KT / 16];
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fk;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fv;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+    /* this warp's queries as A fragments, one per 16 head dims */
+    uint32_t qa[HD / 16][4];
 #pragma unroll
     for (int k = 0; k < HD / 16; k++)
-        wmma::load_matrix_sync(fq[k], Qs + warp * 16 * C::HDP + k * 16, C::HDP);
-    float *Sw = Ss + warp * 16 * C::SP, *Ow = Os + warp * 16 * C::OP;
-    __half *Pw = Ps + warp * 16 * C::PP;
-    int r = lane >> 1, half = lane & 1, qi = warp * 16 + r, t = qi / G;
-    bool live = t < tile.n_rows;
-    /* positions fit 32 bits (contexts are int32) */
-    int32_t qp = (int32_t)pos0 + t, qfirst = (int32_t)first_key(qp, a.window);
-    float m = -INFINITY, l = 0.0f;
+        ldsm_x4<false>(qa[k], Qs + (warp * 16 + (lane & 15)) * C::HDP + k * 16 + (lane >> 4) * 8);
+
+    int g = lane >> 2, t4 = lane & 3;
+    int32_t qp[2], qf[2];
+    bool live[2];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int qi = warp * 16 + g + 8 * h, tk = qi / G;
+        live[h] = tk < tile.n_rows;
+        qp[h] = (int32_t)pos0 + tk; /* positions fit 32 bits (contexts are int32) */
+        qf[h] = (int32_t)first_key(qp[h], a.window);
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
     for (int64_t k0 = kfirst; k0 <= klast; k0 += TC_KT) {
         if (tid < TC_KT)
@@ -556,80 +588,94 @@ __global__ void __launch_bounds__(PRE_THREADS)
             }
         }
         __syncthreads();
-        /* this warp's scores [16][TC_KT] */
+        /* scores s[n]: keys 8n..8n+7 of the tile (columns 2 t4, +1), rows g and g + 8 */
+        float s[TC_KT / 8][4];
 #pragma unroll
-        for (int n0 = 0; n0 < TC_KT; n0 += 16) {
-            wmma::fill_fragment(fc, 0.0f);
+        for (int n = 0; n < TC_KT / 8; n++)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-            for (int k = 0; k < HD / 16; k++) {
-                wmma::load_matrix_sync(fk, Ks + n0 * C::HDP + k * 16, C::HDP);
-                wmma::mma_sync(fc, fq[k], fk, fc);
+        for (int k = 0; k < HD / 16; k++)
+#pragma unroll
+            for (int n = 0; n < TC_KT / 8; n += 2) {
+                uint32_t b[4]; /* keys 8n.. and 8n + 8.., dims 16k.. and 16k + 8.. */
+                ldsm_x4<false>(b, Ks + (n * 8 + (lane & 7) + (lane >> 4) * 8) * C::HDP + k * 16 +
+                                      ((lane >> 3) & 1) * 8);
+                mma_16816(s[n], qa[k], b[0], b[1]);
+                mma_16816(s[n + 1], qa[k], b[2], b[3]);
             }
-            wmma::store_matrix_sync(Sw + n0, fc, C::SP, wmma::mem_row_major);
-        }
-        __syncwarp();
-        /* row r: masked running max and sum (base 2), probabilities as f16, outputs rescaled.
-         * Row r sees the tile's columns [lo, hi] (none when hi < lo). */
-        const float *srow = Sw + r * C::SP;
+        /* masks, running maxima (the row's four lanes agree), probabilities, rescaling */
         int32_t kt0 = (int32_t)k0;
-        int lo = qfirst - kt0 > 0 ? qfirst - kt0 : 0;
-        int hi = !live ? -1 : qp - kt0 < TC_KT - 1 ? qp - kt0 : TC_KT - 1;
-        float mx = -INFINITY;
-#pragma unroll 8
-        for (int jj = 0; jj < TC_KT / 2; jj++) {
-            int c = 2 * jj + half;
-            float x = srow[c];
-            mx = c >= lo && c <= hi ? fmaxf(mx, x) : mx;
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        float m_new = fmaxf(m, mx), alpha = 1.0f, sum = 0.0f;
-        if (m_new != -INFINITY)
-            alpha = exp2f(m - m_new); /* 0 while m is -inf */
-#pragma unroll 8
-        for (int jj = 0; jj < TC_KT / 2; jj++) {
-            int c = 2 * jj + half;
-            float pr = c >= lo && c <= hi ? exp2f(srow[c] - m_new) : 0.0f;
-            sum += pr;
-            Pw[r * C::PP + c] = __float2half_rn(pr);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l = l * alpha + sum;
-        m = m_new;
-        if (alpha != 1.0f) { /* half h of the row: dims [h * HD / 2, (h + 1) * HD / 2) */
-            float4 *orow = (float4 *)(Ow + r * C::OP + half * (HD / 2));
+        float alpha[2];
 #pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                float4 o = orow[i];
-                orow[i] = make_float4(o.x * alpha, o.y * alpha, o.z * alpha, o.w * alpha);
+        for (int h = 0; h < 2; h++) {
+            int lo = qf[h] - kt0 > 0 ? qf[h] - kt0 : 0;
+            int hi = !live[h] ? -1 : qp[h] - kt0 < TC_KT - 1 ? qp[h] - kt0 : TC_KT - 1;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < TC_KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int c = n * 8 + 2 * t4 + e;
+                    float x = c >= lo && c <= hi ? s[n][2 * h + e] : -INFINITY;
+                    s[n][2 * h + e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float m_new = fmaxf(m[h], mx);
+            alpha[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new); /* 0 while m is -inf */
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < TC_KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float x = s[n][2 * h + e];
+                    float pr = x == -INFINITY ? 0.0f : exp2f(x - m_new);
+                    s[n][2 * h + e] = pr;
+                    sum += pr;
+                }
+            l[h] = l[h] * alpha[h] + sum;
+            m[h] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+        /* outputs += probabilities (A fragments straight from the score fragments) x values */
+#pragma unroll
+        for (int j = 0; j < TC_KT / 16; j++) {
+            uint32_t pa[4] = {pack_half2(s[2 * j][0], s[2 * j][1]),
+                              pack_half2(s[2 * j][2], s[2 * j][3]),
+                              pack_half2(s[2 * j + 1][0], s[2 * j + 1][1]),
+                              pack_half2(s[2 * j + 1][2], s[2 * j + 1][3])};
+#pragma unroll
+            for (int n = 0; n < HD / 8; n += 2) {
+                uint32_t b[4]; /* keys 16j.. and 16j + 8.., dims 8n.. and 8n + 8.. */
+                ldsm_x4<true>(b, Vs + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::HDP +
+                                     n * 8 + (lane >> 4) * 8);
+                mma_16816(o[n], pa, b[0], b[1]);
+                mma_16816(o[n + 1], pa, b[2], b[3]);
             }
-        }
-        __syncwarp();
-        /* outputs += probabilities x values */
-#pragma unroll
-        for (int k = 0; k < TC_KT / 16; k++)
-            wmma::load_matrix_sync(fp[k], Pw + k * 16, C::PP);
-#pragma unroll
-        for (int n0 = 0; n0 < HD; n0 += 16) {
-            wmma::load_matrix_sync(fc, Ow + n0, C::OP, wmma::mem_row_major);
-#pragma unroll
-            for (int k = 0; k < TC_KT / 16; k++) {
-                wmma::load_matrix_sync(fv, Vs + k * 16 * C::HDP + n0, C::HDP);
-                wmma::mma_sync(fc, fp[k], fv, fc);
-            }
-            wmma::store_matrix_sync(Ow + n0, fc, C::OP, wmma::mem_row_major);
         }
         __syncthreads(); /* the key tiles are rewritten next */
     }
-    if (!live)
-        return;
-    float inv = 1.0f / l;
-    const float4 *orow = (const float4 *)(Ow + r * C::OP + half * (HD / 2));
-    float4 *dst = (float4 *)(out + (int64_t)(tile.row0 + t) * a.n_heads * HD +
-                             (int64_t)(kvh * G + qi % G) * HD + half * (HD / 2));
 #pragma unroll
-    for (int i = 0; i < HD / 8; i++) {
-        float4 o = orow[i];
-        dst[i] = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    for (int h = 0; h < 2; h++) {
+        float lsum = l[h];
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+        int qi = warp * 16 + g + 8 * h;
+        if (!live[h])
+            continue;
+        float inv = 1.0f / lsum;
+        float *dst = out + (int64_t)(tile.row0 + qi / G) * a.n_heads * HD +
+                     (int64_t)(kvh * G + qi % G) * HD + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
     }
 }
 
