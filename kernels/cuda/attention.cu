@@ -442,7 +442,8 @@ __global__ void __launch_bounds__(PRE_THREADS)
 /* ---- prefill on the tensor cores (head dims 64 and 128) -------------------------------------- */
 
 #define TC_KT 64 /* keys per tile */
-#define TC_QT 64 /* query vectors per block: 16 per warp */
+#define TC_QT 128     /* query vectors per block: 16 per warp */
+#define TC_THREADS 256 /* 8 warps: a key tile serves 128 query vectors */
 
 /* Shared memory (f16 rows of HDP halves, a pitch that is 16 bytes past a multiple of 128, so the
  * eight rows an ldmatrix reads fall in distinct banks): key offsets [TC_KT] (int64), Q [TC_QT],
@@ -491,13 +492,13 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
-/* grid (tiles, KV heads), PRE_THREADS (4 warps). Query vector qi = token qi / G of the tile, head
+/* grid (tiles, KV heads), TC_THREADS (8 warps). Query vector qi = token qi / G of the tile, head
  * kvh * G + qi % G; warp w owns qi in [16w, 16w + 16). Scores, probabilities and outputs stay in
  * mma fragments (FlashAttention-2's layout): lane (g, t) holds rows g and g + 8 of its warp, and
  * keeps a partial sum of each row that the row's four lanes add at the end. Needs head_dim == HD
  * and a pool whose K and V rows are 16-byte aligned. */
 template <int HD>
-__global__ void __launch_bounds__(PRE_THREADS)
+__global__ void __launch_bounds__(TC_THREADS)
     attn_prefill_tc_kernel(float *out, const float *q, struct attn_args a,
                            const struct attn_tile *tiles)
 {
@@ -517,19 +518,20 @@ __global__ void __launch_bounds__(PRE_THREADS)
     /* Loads go out in batches of 8 per thread, unconditionally (rows past the tile's end read a
      * real row, and the value is replaced by zero after): a load behind a branch waits for the
      * one before it, and the block would pay the memory latency once per element. */
+    static_assert((TC_QT * HD / 4) % (8 * TC_THREADS) == 0, "whole batches of query words");
 #pragma unroll
-    for (int b = 0; b < TC_QT * HD / 4 / PRE_THREADS; b += 8) {
+    for (int b = 0; b < TC_QT * HD / 4 / TC_THREADS; b += 8) {
         float4 v[8];
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            int idx = tid + (b + u) * PRE_THREADS, qi = idx / (HD / 4), t = qi / G;
+            int idx = tid + (b + u) * TC_THREADS, qi = idx / (HD / 4), t = qi / G;
             int tr = t < tile.n_rows ? t : tile.n_rows - 1;
             v[u] = *(const float4 *)(q + (int64_t)(tile.row0 + tr) * a.n_heads * HD +
                                      (int64_t)(kvh * G + qi % G) * HD + idx % (HD / 4) * 4);
         }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            int idx = tid + (b + u) * PRE_THREADS, qi = idx / (HD / 4), d = idx % (HD / 4) * 4;
+            int idx = tid + (b + u) * TC_THREADS, qi = idx / (HD / 4), d = idx % (HD / 4) * 4;
             /* log2(e) folded in: the softmax runs in base 2 (exp2f) */
             float sc = qi / G < tile.n_rows ? a.scale * 1.44269504088896341f : 0.0f;
             __half2 *qd = (__half2 *)(Qs + qi * C::HDP + d);
@@ -564,20 +566,22 @@ __global__ void __launch_bounds__(PRE_THREADS)
         if (tid < TC_KT)
             kb[tid] = k0 + tid <= klast ? key_offset(a, btab, k0 + tid, kvh) : -1;
         __syncthreads();
+        constexpr int KN = TC_KT * HD / 4 / TC_THREADS, KB = KN < 8 ? KN : 8; /* words, batch */
+        static_assert(KN % KB == 0, "whole batches of key words");
 #pragma unroll
-        for (int b = 0; b < TC_KT * HD / 4 / PRE_THREADS; b += 8) {
-            float4 kk[8], vv[8];
+        for (int b = 0; b < KN; b += KB) {
+            float4 kk[KB], vv[KB];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int idx = tid + (b + u) * PRE_THREADS;
+            for (int u = 0; u < KB; u++) {
+                int idx = tid + (b + u) * TC_THREADS;
                 int64_t base = kb[idx / (HD / 4)];
                 base = (base >= 0 ? base : kb[0]) + idx % (HD / 4) * 4; /* kb[0]: a real key */
                 kk[u] = *(const float4 *)(a.pool + base);
                 vv[u] = *(const float4 *)(a.pool + base + a.block_elems);
             }
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int idx = tid + (b + u) * PRE_THREADS, j = idx / (HD / 4), d = idx % (HD / 4) * 4;
+            for (int u = 0; u < KB; u++) {
+                int idx = tid + (b + u) * TC_THREADS, j = idx / (HD / 4), d = idx % (HD / 4) * 4;
                 float z = kb[j] >= 0 ? 1.0f : 0.0f;
                 __half2 *kd = (__half2 *)(Ks + j * C::HDP + d);
                 __half2 *vd = (__half2 *)(Vs + j * C::HDP + d);
@@ -748,9 +752,9 @@ static void launch_prefill_tc(struct pp_cuda *c, float *out, const float *q,
     }
     dim3 grid((unsigned)n_tiles, (unsigned)a.n_kv_heads);
     if (a.head_dim == 64)
-        attn_prefill_tc_kernel<64><<<grid, PRE_THREADS, smem, c->stream>>>(out, q, a, tiles);
+        attn_prefill_tc_kernel<64><<<grid, TC_THREADS, smem, c->stream>>>(out, q, a, tiles);
     else
-        attn_prefill_tc_kernel<128><<<grid, PRE_THREADS, smem, c->stream>>>(out, q, a, tiles);
+        attn_prefill_tc_kernel<128><<<grid, TC_THREADS, smem, c->stream>>>(out, q, a, tiles);
     LAUNCH_OK(c, "attn_prefill_tc_kernel");
 }
 
@@ -768,7 +772,9 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
                                    "1..%d and n_kv_heads * head_dim <= kv_dim, got %d heads, %d KV "
                                    "heads, head_dim %d, kv_dim %d", MAX_HEAD_DIM, H, KH, hd,
                                    kv->kv_dim);
-    int32_t G = H / KH, qt = prefill_qt(hd), tt = qt / G;
+    /* prefill tiles: 128 query vectors on the tensor cores, else 64 */
+    int tc_ok = PP_CUDA_ATTN_TENSOR_CORES(hd) && (uintptr_t)kv->pool % 16 == 0 && H / KH <= TC_QT;
+    int32_t G = H / KH, qt = tc_ok ? TC_QT : prefill_qt(hd), tt = qt / G;
     if (tt < 1)
         return (void)pp__cuda_fail(c, "attention: %d query heads per KV head exceed %d", G, qt);
     if (!pp__cuda_batch(c, kv, seqs, n_seqs, &b))
@@ -872,8 +878,6 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
     }
     if (n_tiles > 0) {
         const struct attn_tile *t = (const struct attn_tile *)(d + off_tiles);
-        int tc_ok = PP_CUDA_ATTN_TENSOR_CORES(hd) && (uintptr_t)kv->pool % 16 == 0 &&
-                    TC_QT == prefill_qt(hd);
         if (tc_ok)
             launch_prefill_tc(c, out, q, a, t, (int32_t)n_tiles);
         else if (hd <= 64)

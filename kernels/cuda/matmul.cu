@@ -153,6 +153,26 @@ static void gemv(struct pp_cuda *c, float *y, const float *x, const struct pp_we
     }
 }
 
+/* Four f32 to four bf16 (n4 words of 16 bytes in, 8 out). */
+__global__ void round4_bf16_kernel(uint2 *out, const float4 *x, int64_t n4)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4)
+        return;
+    float4 v = x[i];
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    out[i] = make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+}
+__global__ void round4_f16_kernel(uint2 *out, const float4 *x, int64_t n4)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4)
+        return;
+    float4 v = x[i];
+    __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+    out[i] = make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+}
+
 template <typename W>
 __global__ void round_kernel(W *out, const float *x, int64_t n);
 template <>
@@ -190,8 +210,20 @@ static void gemm(struct pp_cuda *c, float *y, const float *x, const struct pp_we
     W *x16 = (W *)c->scratch;
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
         int64_t nc = n - r0 < chunk ? n - r0 : chunk;
-        round_kernel<W><<<pp__cuda_blocks(nc * cols, PP_CUDA_THREADS), PP_CUDA_THREADS, 0,
-                          c->stream>>>(x16, x + r0 * cols, nc * cols);
+        const float *xs = x + r0 * cols;
+        int64_t ne = nc * cols;
+        if (ne % 4 == 0 && (uintptr_t)xs % 16 == 0 && (uintptr_t)x16 % 8 == 0) {
+            unsigned blocks = pp__cuda_blocks(ne / 4, PP_CUDA_THREADS);
+            if (sizeof(W) == 2 && type == CUDA_R_16BF)
+                round4_bf16_kernel<<<blocks, PP_CUDA_THREADS, 0, c->stream>>>(
+                    (uint2 *)x16, (const float4 *)xs, ne / 4);
+            else
+                round4_f16_kernel<<<blocks, PP_CUDA_THREADS, 0, c->stream>>>(
+                    (uint2 *)x16, (const float4 *)xs, ne / 4);
+        } else {
+            round_kernel<W><<<pp__cuda_blocks(ne, PP_CUDA_THREADS), PP_CUDA_THREADS, 0,
+                              c->stream>>>(x16, xs, ne);
+        }
         if (!LAUNCH_OK(c, "round_kernel") ||
             !CUBLAS_OK(c, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)nc,
                                        (int)cols, &one, w->data, type, (int)cols, x16, type,
