@@ -837,8 +837,8 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
             n_split = c->scratch_bytes / per_split;
         if (n_split < 1)
             n_split = 1;
-        if (n_split > 8192)
-            n_split = 8192; /* the merge's weights fit its shared memory */
+        if (n_split > 4096)
+            n_split = 4096; /* the merge's weights and sums fit 48 KiB of shared memory */
         int GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : G <= 8 ? 8 : 16;
         size_t smem = decode_smem(GM, hd);
         if ((int64_t)smem > c->smem_optin)
