@@ -8,6 +8,8 @@
 #   3. bench_gpu: decode at batch 1 and 32 and prefill on a 4-layer slice of an 8B-shaped bf16
 #      model, against the copy bandwidth and cuBLAS GEMM rate measured in the same run
 #      (bench.json/.log)
+#   4. test_cuda_ops again under compute-sanitizer's memcheck, where it can see the device
+#      (appended to ops.log; 77 in summary.json when it cannot)
 # Results go into RESULTS_DIR as each step ends (at most 8 files: build.log, ops.{json,log},
 # e2e.{json,log}, bench.{json,log}, summary.json), so a run cut short keeps what it measured. Each
 # step runs under `timeout`; the whole run is sized for 4 minutes on one H200.
@@ -36,7 +38,7 @@ summary() {
     {
         printf '{"outcome": "%s", "seconds": %d, "steps": {' "$outcome" $(($(date +%s) - t_start))
         local first=1
-        for k in configure build gpu ops e2e bench; do
+        for k in configure build gpu ops e2e bench memcheck; do
             [ -n "${status[$k]+x}" ] || continue
             [ $first -eq 1 ] || printf ', '
             printf '"%s": %s' "$k" "${status[$k]}"
@@ -185,6 +187,27 @@ fi
 : >"$results/bench.log"
 step bench 90 "$results/bench.log" "$tests/bench_gpu" --json "$results/bench.json" || failed=1
 cat "$results/bench.log"
+
+# Every op family once more under compute-sanitizer's memcheck, where the toolkit has it and the
+# machine lets it see the device (a sandbox that hides the GPU from it is noted, not failed).
+sanitizer=$(command -v compute-sanitizer || echo "$(dirname "$(command -v nvcc)")/compute-sanitizer")
+if [ -x "$sanitizer" ]; then
+    echo "-- all op families under compute-sanitizer --tool memcheck" >>"$results/ops.log"
+    step memcheck 120 "$results/ops.log" "$sanitizer" --tool memcheck --print-limit 8 \
+        "$tests/test_cuda_ops"
+    if grep -q 'ERROR SUMMARY: 0 errors' "$results/ops.log"; then
+        status[memcheck]=0
+    elif grep -q -i 'device not supported' "$results/ops.log"; then
+        status[memcheck]=77
+        echo "   memcheck: compute-sanitizer cannot see this device; not counted"
+    elif [ "${status[memcheck]}" -eq 124 ]; then
+        echo "   memcheck: timed out before its summary; not counted"
+    else
+        status[memcheck]=1
+        failed=1
+    fi
+    grep -E 'ERROR SUMMARY|Invalid|out of bounds' "$results/ops.log" | head -n 8
+fi
 
 summary "$([ $failed -eq 0 ] && echo pass || echo fail)"
 echo "results in $results ($(($(date +%s) - t_start))s)"
