@@ -486,6 +486,14 @@ template <bool TRANS> __device__ __forceinline__ void ldsm_x4(uint32_t *r, const
                      : "r"(a));
 }
 
+/* Four floats times z as four f16 at dst (8-byte aligned). */
+__device__ __forceinline__ void store4_f16(__half *dst, float4 v, float z)
+{
+    __half2 *d = (__half2 *)dst;
+    d[0] = __floats2half2_rn(v.x * z, v.y * z);
+    d[1] = __floats2half2_rn(v.z * z, v.w * z);
+}
+
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
 {
     __half2 h = __floats2half2_rn(lo, hi);
@@ -534,9 +542,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             int idx = tid + (b + u) * TC_THREADS, qi = idx / (HD / 4), d = idx % (HD / 4) * 4;
             /* log2(e) folded in: the softmax runs in base 2 (exp2f) */
             float sc = qi / G < tile.n_rows ? a.scale * 1.44269504088896341f : 0.0f;
-            __half2 *qd = (__half2 *)(Qs + qi * C::HDP + d);
-            qd[0] = __floats2half2_rn(v[u].x * sc, v[u].y * sc);
-            qd[1] = __floats2half2_rn(v[u].z * sc, v[u].w * sc);
+            store4_f16(Qs + qi * C::HDP + d, v[u], sc);
         }
     }
     __syncthreads();
@@ -583,12 +589,8 @@ __global__ void __launch_bounds__(TC_THREADS)
             for (int u = 0; u < KB; u++) {
                 int idx = tid + (b + u) * TC_THREADS, j = idx / (HD / 4), d = idx % (HD / 4) * 4;
                 float z = kb[j] >= 0 ? 1.0f : 0.0f;
-                __half2 *kd = (__half2 *)(Ks + j * C::HDP + d);
-                __half2 *vd = (__half2 *)(Vs + j * C::HDP + d);
-                kd[0] = __floats2half2_rn(kk[u].x * z, kk[u].y * z);
-                kd[1] = __floats2half2_rn(kk[u].z * z, kk[u].w * z);
-                vd[0] = __floats2half2_rn(vv[u].x * z, vv[u].y * z);
-                vd[1] = __floats2half2_rn(vv[u].z * z, vv[u].w * z);
+                store4_f16(Ks + j * C::HDP + d, kk[u], z);
+                store4_f16(Vs + j * C::HDP + d, vv[u], z);
             }
         }
         __syncthreads();

@@ -153,24 +153,26 @@ static void gemv(struct pp_cuda *c, float *y, const float *x, const struct pp_we
     }
 }
 
-/* Four f32 to four bf16 (n4 words of 16 bytes in, 8 out). */
-__global__ void round4_bf16_kernel(uint2 *out, const float4 *x, int64_t n4)
+/* Two f32 rounded to nearest even as two 16-bit values, the first in the low half. */
+__device__ __forceinline__ uint32_t round2(float a, float b, __nv_bfloat16)
 {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n4)
-        return;
-    float4 v = x[i];
-    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    out[i] = make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&h);
 }
-__global__ void round4_f16_kernel(uint2 *out, const float4 *x, int64_t n4)
+__device__ __forceinline__ uint32_t round2(float a, float b, __half)
+{
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+/* Four f32 to four 16-bit W (n4 words of 16 bytes in, 8 out). */
+template <typename W> __global__ void round4_kernel(uint2 *out, const float4 *x, int64_t n4)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n4)
         return;
     float4 v = x[i];
-    __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
-    out[i] = make_uint2(*reinterpret_cast<uint32_t *>(&lo), *reinterpret_cast<uint32_t *>(&hi));
+    out[i] = make_uint2(round2(v.x, v.y, W()), round2(v.z, v.w, W()));
 }
 
 template <typename W>
@@ -213,13 +215,8 @@ static void gemm(struct pp_cuda *c, float *y, const float *x, const struct pp_we
         const float *xs = x + r0 * cols;
         int64_t ne = nc * cols;
         if (ne % 4 == 0 && (uintptr_t)xs % 16 == 0 && (uintptr_t)x16 % 8 == 0) {
-            unsigned blocks = pp__cuda_blocks(ne / 4, PP_CUDA_THREADS);
-            if (sizeof(W) == 2 && type == CUDA_R_16BF)
-                round4_bf16_kernel<<<blocks, PP_CUDA_THREADS, 0, c->stream>>>(
-                    (uint2 *)x16, (const float4 *)xs, ne / 4);
-            else
-                round4_f16_kernel<<<blocks, PP_CUDA_THREADS, 0, c->stream>>>(
-                    (uint2 *)x16, (const float4 *)xs, ne / 4);
+            round4_kernel<W><<<pp__cuda_blocks(ne / 4, PP_CUDA_THREADS), PP_CUDA_THREADS, 0,
+                               c->stream>>>((uint2 *)x16, (const float4 *)xs, ne / 4);
         } else {
             round_kernel<W><<<pp__cuda_blocks(ne, PP_CUDA_THREADS), PP_CUDA_THREADS, 0,
                               c->stream>>>(x16, xs, ne);
