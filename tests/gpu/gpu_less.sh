@@ -19,9 +19,15 @@ run=("$ppserve" run --model "$tmp/m/model.gguf" --prompt-ids 1,2,3 --max-tokens 
 
 if grep -q '^cuda:0: ' <<<"$devices"; then
     echo "a GPU is present: cuda:0 must run, and auto must pick it"
-    "${run[@]}" --device cuda:0 >/dev/null || fail "run --device cuda:0 failed on a GPU host"
-    "${run[@]}" --device auto --log-level info 2>"$tmp/auto.err" >/dev/null
-    grep -q 'device=cuda:0 requested=auto' "$tmp/auto.err" || fail "auto did not pick cuda:0"
+    "${run[@]}" --device cuda:0 >"$tmp/cuda.out" 2>"$tmp/cuda.err" ||
+        fail "run --device cuda:0 failed on a GPU host: $(cat "$tmp/cuda.err")"
+    grep -q '"ids":\[' "$tmp/cuda.out" || fail "run --device cuda:0 printed no result"
+    "${run[@]}" --device auto --log-level info 2>"$tmp/auto.err" >/dev/null ||
+        fail "run --device auto failed on a GPU host: $(cat "$tmp/auto.err")"
+    grep -q 'device=cuda:0 requested=auto' "$tmp/auto.err" ||
+        fail "auto did not pick cuda:0: $(cat "$tmp/auto.err")"
+    echo "run --device cuda:0: $(head -c 200 "$tmp/cuda.out")"
+    echo "PASS"
     exit 0
 fi
 

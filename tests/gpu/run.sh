@@ -5,6 +5,8 @@
 #   1. test_cuda_ops: every CUDA op against the CPU backend's op on random shapes (ops.json/.log)
 #   2. test_cuda_e2e: logits of synthetic GGUF models (`ppserve synth`), CUDA executor against the
 #      CPU executor (e2e.json/.log)
+#   2b. tests/gpu/gpu_less.sh: `ppserve run --device cuda:0` generates and `--device auto` picks
+#      the GPU (appended to e2e.log)
 #   3. bench_gpu: decode at batch 1 and 32 and prefill on a 4-layer slice of an 8B-shaped bf16
 #      model, against the copy bandwidth and cuBLAS GEMM rate measured in the same run
 #      (bench.json/.log)
@@ -38,7 +40,7 @@ summary() {
     {
         printf '{"outcome": "%s", "seconds": %d, "steps": {' "$outcome" $(($(date +%s) - t_start))
         local first=1
-        for k in configure build gpu ops e2e bench memcheck; do
+        for k in configure build gpu ops e2e cli bench memcheck; do
             [ -n "${status[$k]+x}" ] || continue
             [ $first -eq 1 ] || printf ', '
             printf '"%s": %s' "$k" "${status[$k]}"
@@ -183,6 +185,12 @@ if [ "${status[e2e]}" -ne 0 ] && [ "${status[e2e]}" -ne 1 ]; then
         echo "   e2e $(basename "$(dirname "$f")") alone: exit $?" | tee -a "$results/e2e.log"
     done
 fi
+
+# The CLI on this GPU: `ppserve run --device cuda:0` generates, and `--device auto` picks cuda:0
+# (tests/gpu/gpu_less.sh, which ctest runs on hosts without a GPU; appended to e2e.log).
+echo "-- ppserve run on the GPU (tests/gpu/gpu_less.sh)" >>"$results/e2e.log"
+step cli 60 "$results/e2e.log" bash "$root/tests/gpu/gpu_less.sh" "$ppserve" \
+    "$tests/test_cuda_ops" "$tests/test_cuda_e2e" "$tests/bench_gpu" || failed=1
 
 : >"$results/bench.log"
 step bench 90 "$results/bench.log" "$tests/bench_gpu" --json "$results/bench.json" || failed=1
