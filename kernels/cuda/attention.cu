@@ -8,14 +8,15 @@
 // partials (max, sum, unnormalised output) go to the workspace and a second kernel merges each
 // row's splits in split order. The split count is chosen so the grid fills the GPU.
 //
-// Prefill (longer parts): a block takes a tile of consecutive rows of one part and one KV head:
-// QT = 64 query vectors (rows × the G heads sharing the KV head). Head dims 64 and 128 run on the
-// tensor cores (attn_prefill_tc_kernel, mma.sync m16n8k16): queries (pre-scaled), keys, values and
-// probabilities rounded to f16, products accumulated in f32, the online softmax in f32 on the
-// fragments; each warp owns 16 query vectors, keys and values come in tiles of 64 through shared
-// memory as f16. Other head dims take the
-// f32 kernel: keys and values in tiles of 32 through shared memory, each warp holding RPW query
-// vectors' running state and outputs in registers (lane l owns head dimensions l, l + 32, ...).
+// Prefill (longer parts): a block takes a tile of consecutive rows of one part and one KV head,
+// its query vectors being the rows × the G heads sharing the KV head. Head dims 64 and 128 run on
+// the tensor cores (attn_prefill_tc_kernel, mma.sync m16n8k16, 128 query vectors per block):
+// queries (pre-scaled), keys, values and probabilities rounded to f16, products accumulated in
+// f32, the online softmax in f32 on the fragments; each warp owns 16 query vectors, keys and
+// values come in tiles of 64 through shared memory as f16. Other head dims take the f32 kernel (64
+// query vectors per block): keys and values in tiles of 32 through shared memory, each warp
+// holding RPW query vectors' running state and outputs in registers (lane l owns head dimensions
+// l, l + 32, ...).
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
@@ -246,6 +247,17 @@ __global__ void __launch_bounds__(DEC_THREADS)
     }
 }
 
+/* The decode kernel for GM = 1 << i, and the index for G query heads per KV head. */
+typedef void (*decode_kernel_fn)(float *, float *, const float *, struct attn_args,
+                                 const int32_t *, int32_t);
+static const decode_kernel_fn decode_kernels[] = {attn_decode_kernel<1>, attn_decode_kernel<2>,
+                                                  attn_decode_kernel<4>, attn_decode_kernel<8>,
+                                                  attn_decode_kernel<16>};
+static int decode_index(int32_t G)
+{
+    return G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;
+}
+
 /* Shared memory of the decode kernel for GM heads of head_dim hd. */
 static size_t decode_smem(int GM, int32_t hd)
 {
@@ -254,14 +266,14 @@ static size_t decode_smem(int GM, int32_t hd)
 }
 
 /* grid (decode rows, heads), DEC_THREADS threads: merges a row's splits in split order. Splits that
- * saw no key (sum 0) are skipped. Shared: each split's weight exp(max - M) / L. */
+ * saw no key (sum 0) are skipped. Shared: each split's weight exp(max - M) and sum. */
 __global__ void attn_merge_kernel(float *out, const float *part, struct attn_args a,
                                   const int32_t *drows, int32_t n_split)
 {
     extern __shared__ float wt[];
-    __shared__ float red[DEC_THREADS / 32];
+    __shared__ float red[32];
     int32_t r = drows[blockIdx.x], h = blockIdx.y, hd = a.head_dim;
-    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    int tid = threadIdx.x;
     if (a.row_seq[r] < 0)
         return; /* uniform across the block */
     const float *p0 = part + ((int64_t)blockIdx.x * a.n_heads + h) * n_split * (hd + 2);
@@ -272,17 +284,10 @@ __global__ void attn_merge_kernel(float *out, const float *part, struct attn_arg
         wt[s] = sums[s] > 0.0f ? p0[s * (hd + 2)] : -INFINITY;
     }
     __syncthreads();
-    float mx = -INFINITY;
+    float M = -INFINITY;
     for (int32_t s = tid; s < n_split; s += DEC_THREADS)
-        mx = fmaxf(mx, wt[s]);
-    mx = pp_warp_max(mx);
-    if (lane == 0)
-        red[warp] = mx;
-    __syncthreads();
-    float M = red[0];
-    for (int w = 1; w < DEC_THREADS / 32; w++)
-        M = fmaxf(M, red[w]);
-    __syncthreads(); /* red is reused below */
+        M = fmaxf(M, wt[s]);
+    M = pp_block_max(M, red);
     for (int32_t s = tid; s < n_split; s += DEC_THREADS)
         wt[s] = wt[s] == -INFINITY ? 0.0f : expf(wt[s] - M);
     __syncthreads();
@@ -706,14 +711,12 @@ int pp__cuda_attention_setup(struct pp_cuda *c)
                                              (int)need[i])))
             return 0;
     }
-    const void *dec[] = {(const void *)attn_decode_kernel<1>, (const void *)attn_decode_kernel<2>,
-                         (const void *)attn_decode_kernel<4>, (const void *)attn_decode_kernel<8>,
-                         (const void *)attn_decode_kernel<16>};
     for (int i = 0; i < 5; i++) {
         size_t most = decode_smem(1 << i, MAX_HEAD_DIM);
         if ((int64_t)most > c->smem_optin)
             most = (size_t)c->smem_optin;
-        if (!CUDA_OK(c, cudaFuncSetAttribute(dec[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (!CUDA_OK(c, cudaFuncSetAttribute((const void *)decode_kernels[i],
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)most)))
             return 0;
     }
@@ -775,8 +778,9 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
                                    "heads, head_dim %d, kv_dim %d", MAX_HEAD_DIM, H, KH, hd,
                                    kv->kv_dim);
     /* prefill tiles: 128 query vectors on the tensor cores, else 64 */
-    int tc_ok = PP_CUDA_ATTN_TENSOR_CORES(hd) && (uintptr_t)kv->pool % 16 == 0 && H / KH <= TC_QT;
-    int32_t G = H / KH, qt = tc_ok ? TC_QT : prefill_qt(hd), tt = qt / G;
+    int32_t G = H / KH;
+    int tc_ok = PP_CUDA_ATTN_TENSOR_CORES(hd) && (uintptr_t)kv->pool % 16 == 0 && G <= TC_QT;
+    int32_t qt = tc_ok ? TC_QT : prefill_qt(hd), tt = qt / G;
     if (tt < 1)
         return (void)pp__cuda_fail(c, "attention: %d query heads per KV head exceed %d", G, qt);
     if (!pp__cuda_batch(c, kv, seqs, n_seqs, &b))
@@ -841,33 +845,15 @@ void pp__cuda_attention(struct pp_backend *be, float *out, const float *q,
             n_split = 1;
         if (n_split > 4096)
             n_split = 4096; /* the merge's weights and sums fit 48 KiB of shared memory */
-        int GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : G <= 8 ? 8 : 16;
-        size_t smem = decode_smem(GM, hd);
+        int gi = decode_index(G);
+        size_t smem = decode_smem(1 << gi, hd);
         if ((int64_t)smem > c->smem_optin)
             return (void)pp__cuda_fail(c, "attention: decoding head_dim %d needs %zu bytes of "
                                        "shared memory per block, the device allows %d", hd, smem,
                                        c->smem_optin);
         dim3 grid((unsigned)n_dec, (unsigned)KH, (unsigned)n_split);
-        float *pa = (float *)c->scratch;
-        const int32_t *dr = (const int32_t *)d;
-        int32_t ns = (int32_t)n_split;
-        switch (GM) {
-        case 1:
-            attn_decode_kernel<1><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
-            break;
-        case 2:
-            attn_decode_kernel<2><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
-            break;
-        case 4:
-            attn_decode_kernel<4><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
-            break;
-        case 8:
-            attn_decode_kernel<8><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
-            break;
-        default:
-            attn_decode_kernel<16><<<grid, DEC_THREADS, smem, c->stream>>>(out, pa, q, a, dr, ns);
-            break;
-        }
+        decode_kernels[gi]<<<grid, DEC_THREADS, smem, c->stream>>>(
+            out, (float *)c->scratch, q, a, (const int32_t *)d, (int32_t)n_split);
         if (!LAUNCH_OK(c, "attn_decode_kernel"))
             return;
         if (n_split > 1) {

@@ -1,10 +1,14 @@
-// Element-wise ops, one thread per element (four, as 16-byte words, where sizes and pointers allow). Written with _rn intrinsics where the CPU's expression
-// has a multiply feeding an add, so the compiler cannot fuse it: these ops then give the CPU's
-// bits except where expf differs by an ulp.
+// Element-wise ops, one thread per element (four, as 16-byte words, where sizes and pointers
+// allow). Written with _rn intrinsics where the CPU's expression has a multiply feeding an add, so
+// the compiler cannot fuse it: these ops then give the CPU's bits except where expf differs by an
+// ulp.
 #include "kernels/cuda/cuda-impl.cuh"
 #include "kernels/cuda/elementwise.cuh"
 
-__device__ __forceinline__ float silu_mul(float g, float u);
+__device__ __forceinline__ float silu_mul(float g, float u)
+{
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
 
 __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n)
 {
@@ -12,11 +16,6 @@ __global__ void swiglu_kernel(float *out, const float *gate, const float *up, in
     if (i >= n)
         return;
     out[i] = silu_mul(gate[i], up[i]);
-}
-
-__device__ __forceinline__ float silu_mul(float g, float u)
-{
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
 /* The same arithmetic four elements per thread (16-byte words: n % 4 == 0, aligned pointers). */

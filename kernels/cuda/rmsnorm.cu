@@ -1,5 +1,6 @@
-// RMS normalisation, one block per row (a vector kernel for rows of whole 16-byte words): the sum of squares in f32 (a tree, not the CPU's eight
-// lanes), then the CPU's formula y = g * (x * (1 / sqrt(ss / dim + eps))).
+// RMS normalisation, one block per row (a vector kernel for rows of whole 16-byte words): the sum
+// of squares in f32 (a tree, not the CPU's eight lanes), then the CPU's formula
+// y = g * (x * (1 / sqrt(ss / dim + eps))).
 #include "kernels/cuda/cuda-impl.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
@@ -22,6 +23,14 @@ __global__ void rmsnorm_kernel(float *y, const float *x, const float *g, int64_t
  * the row in registers from the first pass, every load of a pass issued before the first is used
  * (a load behind another's use pays the memory latency once per word). */
 #define RMS_KEEP 8
+
+/* The CPU's g * (x * scale) on four elements. */
+__device__ __forceinline__ float4 norm4(float4 v, float4 w, float scale)
+{
+    return make_float4(w.x * (v.x * scale), w.y * (v.y * scale), w.z * (v.z * scale),
+                       w.w * (v.w * scale));
+}
+
 __global__ void rmsnorm_vec_kernel(float *y, const float *x, const float *g, int64_t dim,
                                    float eps)
 {
@@ -59,16 +68,11 @@ __global__ void rmsnorm_vec_kernel(float *y, const float *x, const float *g, int
 #pragma unroll
     for (int k = 0; k < RMS_KEEP; k++) {
         int64_t i = tid + (int64_t)k * nt;
-        float4 v = keep[k], w = gk[k];
         if (i < n4)
-            yr[i] = make_float4(w.x * (v.x * scale), w.y * (v.y * scale), w.z * (v.z * scale),
-                                w.w * (v.w * scale));
+            yr[i] = norm4(keep[k], gk[k], scale);
     }
-    for (int64_t i = tid + (int64_t)RMS_KEEP * nt; i < n4; i += nt) {
-        float4 v = xr[i], w = g4[i];
-        yr[i] = make_float4(w.x * (v.x * scale), w.y * (v.y * scale), w.z * (v.z * scale),
-                            w.w * (v.w * scale));
-    }
+    for (int64_t i = tid + (int64_t)RMS_KEEP * nt; i < n4; i += nt)
+        yr[i] = norm4(xr[i], g4[i], scale);
 }
 
 void pp__cuda_rmsnorm(struct pp_backend *be, float *y, const float *x, const float *g, int64_t n,

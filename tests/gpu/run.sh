@@ -85,6 +85,10 @@ else
 fi
 echo "nccl: ${nccl[*]:-not found}"
 
+# compute-sanitizer, where the toolkit has it (memcheck below and after a broken ops step).
+sanitizer=$(command -v compute-sanitizer ||
+            echo "$(dirname "$(command -v nvcc)")/compute-sanitizer")
+
 # Compile for this GPU only when one answers (faster); otherwise for the default sm_80 and sm_90.
 arch=""
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -130,7 +134,6 @@ tail -n 45 "$results/ops.log"
 # (launches synchronous, so the error names its op), and the first that breaks again under
 # compute-sanitizer's memcheck where the toolkit has it.
 if [ "${status[ops]}" -ne 0 ] && [ "${status[ops]}" -ne 1 ]; then
-    sanitizer=$(command -v compute-sanitizer || echo "$(dirname "$(command -v nvcc)")/compute-sanitizer")
     for fam in embed rmsnorm rope elementwise rows topk moe_route attention matmul; do
         echo "-- $fam alone" >>"$results/ops.log"
         CUDA_LAUNCH_BLOCKING=1 timeout --kill-after=5 30 "$tests/test_cuda_ops" "$fam" \
@@ -198,7 +201,6 @@ cat "$results/bench.log"
 
 # Every op family once more under compute-sanitizer's memcheck, where the toolkit has it and the
 # machine lets it see the device (a sandbox that hides the GPU from it is noted, not failed).
-sanitizer=$(command -v compute-sanitizer || echo "$(dirname "$(command -v nvcc)")/compute-sanitizer")
 if [ -x "$sanitizer" ]; then
     echo "-- all op families under compute-sanitizer --tool memcheck" >>"$results/ops.log"
     step memcheck 120 "$results/ops.log" "$sanitizer" --tool memcheck --print-limit 8 \
