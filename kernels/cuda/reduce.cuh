@@ -5,44 +5,52 @@
 
 #include <math.h>
 
-__device__ __forceinline__ float pp_warp_sum(float v)
+struct pp_op_add {
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct pp_op_max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op> __device__ __forceinline__ float pp_warp_reduce(float v, Op op)
 {
     for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+__device__ __forceinline__ float pp_warp_sum(float v)
+{
+    return pp_warp_reduce(v, pp_op_add());
 }
 
 __device__ __forceinline__ float pp_warp_max(float v)
 {
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+    return pp_warp_reduce(v, pp_op_max());
 }
 
-// blockDim.x a multiple of 32, at most 1024. shared: 32 floats.
+// blockDim.x a multiple of 32, at most 1024. shared: 32 floats. identity: op's neutral value.
+template <typename Op>
+__device__ __forceinline__ float pp_block_reduce(float v, float *shared, Op op, float identity)
+{
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    v = pp_warp_reduce(v, op);
+    __syncthreads(); /* shared may still be read by a previous call */
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? shared[lane] : identity;
+    return pp_warp_reduce(v, op);
+}
+
 __device__ __forceinline__ float pp_block_sum(float v, float *shared)
 {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    v = pp_warp_sum(v);
-    __syncthreads(); /* shared may still be read by a previous call */
-    if (lane == 0)
-        shared[warp] = v;
-    __syncthreads();
-    v = lane < n_warps ? shared[lane] : 0.0f;
-    return pp_warp_sum(v);
+    return pp_block_reduce(v, shared, pp_op_add(), 0.0f);
 }
 
-// blockDim.x a multiple of 32, at most 1024. shared: 32 floats.
 __device__ __forceinline__ float pp_block_max(float v, float *shared)
 {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    v = pp_warp_max(v);
-    __syncthreads(); /* shared may still be read by a previous call */
-    if (lane == 0)
-        shared[warp] = v;
-    __syncthreads();
-    v = lane < n_warps ? shared[lane] : -INFINITY;
-    return pp_warp_max(v);
+    return pp_block_reduce(v, shared, pp_op_max(), -INFINITY);
 }
 
 #endif
