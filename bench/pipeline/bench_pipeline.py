@@ -83,13 +83,24 @@ class Noise:
         self.load0 = os.getloadavg()[0]
         self.m0 = machine_cpu()
         self.own0 = own_cpu() + (pipeline.cpu_seconds() if pipeline else 0.0)
+        self.each0 = self._each()
+
+    def _each(self):
+        """CPU seconds so far of this script (the client) and of each process started here."""
+        each = {"client": own_cpu()}
+        if self.pipeline:
+            each.update(self.pipeline.cpu_seconds_each())
+        return each
 
     def end(self):
         m1 = machine_cpu()
         own1 = own_cpu() + (self.pipeline.cpu_seconds() if self.pipeline else 0.0)
         dt = max(1e-9, time.monotonic() - self.t0)
         ours = own1 - self.own0
-        return {"load_start": self.load0, "load_end": os.getloadavg()[0],
+        each1 = self._each()
+        return {"cores_by_process": {k: (v - self.each0.get(k, 0.0)) / dt
+                                     for k, v in each1.items()},
+                "load_start": self.load0, "load_end": os.getloadavg()[0],
                 "steal_cores": (m1[1] - self.m0[1]) / dt,
                 "own_cores": ours / dt,
                 "foreign_cores": max(0.0, (m1[0] - self.m0[0]) - ours) / dt}
@@ -209,7 +220,8 @@ def run_config(ctx, name, model, stage_cpus, threads, prompts, max_tokens, layer
     n_gen = len(prompts) * max_tokens
     elapsed = t_end - t_submit
     log(f"{name}: {elapsed:.1f} s, {(n_prompt + n_gen) / elapsed:.1f} tok/s, foreign load "
-        f"{noise['foreign_cores']:.2f} cores")
+        f"{noise['foreign_cores']:.2f} cores; ours by process: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in noise["cores_by_process"].items()))
     if ctx.dump_trace:
         t0 = min(mb.sent for mb in mbs)
         with open(ctx.dump_trace / f"{name}.trace.json", "w") as f:

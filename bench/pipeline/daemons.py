@@ -167,6 +167,10 @@ class Pipeline:
         """User + system CPU seconds used so far by the processes started here (all threads)."""
         return sum(proc_cpu_seconds(p.pid) for _, p, _ in self.procs if p.poll() is None)
 
+    def cpu_seconds_each(self):
+        """cpu_seconds() per process, by name (coordinator, stage0, ...)."""
+        return {n: proc_cpu_seconds(p.pid) for n, p, _ in self.procs if p.poll() is None}
+
     def check_alive(self):
         dead = [(n, p.returncode) for n, p, _ in self.procs if p.poll() is not None]
         if dead:

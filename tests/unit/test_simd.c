@@ -203,6 +203,14 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
     if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
         fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups: %s and portable differ",
                  pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, fast->name);
+    /* the portable loop reads row groups back row by row (pp__row_groups_row_to_f32) */
+    float *y3 = malloc(sizeof(float) * (size_t)(n * rows));
+    g.y = y3;
+    port->matmul_rows(&g, 0, rows, &s);
+    if (memcmp(y3, y2, sizeof(float) * (size_t)(n * rows)) != 0)
+        fail_msg("matmul_rows %s [%lld,%lld] n=%lld: portable on row groups and on rows differ",
+                 pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n);
+    free(y3);
     free(wg);
     for (int64_t r = 0; r < rows; r++) {
         pp_row_to_f32(row, w + r * rb, dt, cols);
@@ -275,6 +283,39 @@ static void test_matmul_rows_match(void **state)
                 cols = (cols + PP_Q8_0_BLOCK - 1) / PP_Q8_0_BLOCK * PP_Q8_0_BLOCK;
             check_rows(dts[d], shapes[i][0], cols, shapes[i][2], &seed);
         }
+}
+
+/* The grouped layout (kernels/cpu/row_groups.h) gives every row back as it was, for groups of 1-3
+ * rows and a short last unit, in every dtype. */
+static void test_row_groups_layout(void **state)
+{
+    (void)state;
+    unsigned seed = 5;
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    const int64_t cols_list[] = {8, 13, 16, 37, 64, 96};
+    for (int d = 0; d < 4; d++)
+        for (int64_t rows = 1; rows <= 7; rows++)
+            for (int c = 0; c < 6; c++) {
+                int64_t cols = cols_list[c];
+                if (dts[d] == PP_DTYPE_Q8_0 && cols % PP_Q8_0_BLOCK)
+                    continue;
+                int64_t rb = pp_dtype_row_bytes(dts[d], cols);
+                char *w = malloc((size_t)(rows * rb)), *wg = malloc((size_t)(rows * rb));
+                for (int64_t i = 0; i < rows * rb; i++)
+                    w[i] = (char)(rand_r(&seed) & 0x3f); /* finite in every dtype */
+                pp__row_groups_pack(wg, w, dts[d], rows, cols);
+                float *a = malloc(sizeof(float) * (size_t)cols);
+                float *b = malloc(sizeof(float) * (size_t)cols);
+                for (int64_t r = 0; r < rows; r++) {
+                    pp_row_to_f32(a, w + r * rb, dts[d], cols);
+                    pp__row_groups_row_to_f32(b, wg, dts[d], rows, cols, r);
+                    assert_memory_equal(a, b, sizeof(float) * (size_t)cols);
+                }
+                free(a);
+                free(b);
+                free(w);
+                free(wg);
+            }
 }
 
 /* The few-token nest for every n it serves and a little beyond (1..24): n picks the row tile (4, 3
@@ -362,6 +403,7 @@ int main(void)
         cmocka_unit_test(test_expf_accuracy),
         cmocka_unit_test(test_swiglu_match),
         cmocka_unit_test(test_exp_shift_match),
+        cmocka_unit_test(test_row_groups_layout),
         cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_direct_all_token_counts),
         cmocka_unit_test(test_q8_0_edges),
