@@ -127,7 +127,15 @@ static pp_status check_header(const struct pp_hop_assembler *a,
                         "microbatch %llu: shape %s does not match %lld tokens%s",
                         (unsigned long long)h->microbatch_id, got, (long long)rows, tail);
     }
-    uint64_t want = (uint64_t)rows * (uint64_t)(want_dims == 2 ? h->shape[1] : 1) * 4u;
+    /* a width the receiver does not fix (expected_dim 0) may be any int64: bound it before the
+     * product, which would otherwise wrap and match a small payload */
+    uint64_t cols = want_dims == 2 ? (uint64_t)h->shape[1] : 1;
+    if (cols > UINT64_MAX / 4u / (uint64_t)rows)
+        return pp_error(PP_ERR_INVALID_ARG, "microbatch %llu: shape [%lld, %lld] is too large "
+                        "(expected at most %llu bytes)", (unsigned long long)h->microbatch_id,
+                        (long long)rows, (long long)h->shape[1],
+                        (unsigned long long)a->max_bytes);
+    uint64_t want = (uint64_t)rows * cols * 4u;
     if (h->total_bytes != want)
         return pp_error(PP_ERR_INVALID_ARG, "microbatch %llu: %llu payload bytes announced, the "
                         "shape needs %llu", (unsigned long long)h->microbatch_id,

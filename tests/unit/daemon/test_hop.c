@@ -149,6 +149,27 @@ static void test_bad_sequences(void **state)
     hb.dtype = 77;
     expect(pp_hop_assembler_push(&a, &bad, &done), "dtype 77");
 
+    /* a receiver that does not fix the width: a width whose payload size wraps around 2^64 to
+     * the announced bytes is refused, not taken */
+    struct pp_hop_assembler any;
+    pp_hop_assembler_init(&any, 64 << 20, 0);
+    hb.dtype = PPSERVE__V1__DTYPE__DTYPE_F32;
+    wrong[0] = 1, wrong[1] = (int64_t)1 << 62;
+    Ppserve__V1__SeqPart one = *p;
+    one.n_tokens = 1;
+    Ppserve__V1__SeqPart *onep = &one;
+    hb.n_parts = 1;
+    hb.parts = &onep;
+    hb.total_bytes = 0;
+    expect(pp_hop_assembler_push(&any, &bad, &done), "shape [1, 4611686018427387904] is too large");
+    wrong[1] = 5;
+    hb.total_bytes = 20;
+    bad.data.len = 20;
+    assert_int_equal(pp_hop_assembler_push(&any, &bad, &done), PP_OK);
+    assert_true(done);
+    pp_hop_assembler_reset(&any);
+    pp_buf_free(&any.payload);
+
     /* a microbatch over the receiver's limit */
     struct pp_hop_assembler small;
     pp_hop_assembler_init(&small, 1 << 20, DIM);
