@@ -132,24 +132,6 @@ void pp_backend_cpu_map_weights(struct pp_backend *be, int on)
         ((struct pp_cpu *)be->impl)->map_weights = on != 0;
 }
 
-pp_status pp_cpu_weights_parse(const char *text, int *map)
-{
-    if (text && strcmp(text, "copy") == 0)
-        *map = 0;
-    else if (text && strcmp(text, "map") == 0)
-        *map = 1;
-    else
-        return pp_error(PP_ERR_INVALID_ARG, "expected copy (weights copied into huge-page memory) "
-                        "or map (used in place from the model file), got '%s'", text ? text : "");
-    return PP_OK;
-}
-
-pp_status pp_cpu_weights_check(const char *text)
-{
-    int map;
-    return pp_cpu_weights_parse(text, &map);
-}
-
 pp_status pp_backend_cpu_new_workers(int n_threads, int n_workers, struct pp_backend **out)
 {
     if (n_workers < 1 || n_threads < 1)
