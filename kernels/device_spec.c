@@ -1,12 +1,12 @@
 /* Device selection's text form: parsing "auto" | "cpu" | "cuda:N[,N...]" into a device spec, and
  * writing one back. No device is queried here (kernels/devices.c resolves a spec on the host), so
  * configuration code needs nothing else of the kernels. */
+#include "kernels/devices.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "kernels/devices.h"
 
 #define MAX_ID 1023
 

@@ -1,6 +1,6 @@
 /* Device selection: resolving a device spec (parsed in kernels/device_spec.c) on this host, and
- * making the workers' backends. CUDA is queried only in builds that have it (PP_HAVE_CUDA); a host without
- * a driver or GPU answers with the CUDA error text, which becomes the note or the error. */
+ * making the workers' backends. CUDA is queried only in builds that have it (PP_HAVE_CUDA); a host
+ * without a driver or GPU answers with the CUDA error text, which becomes the note or the error. */
 #include "kernels/devices.h"
 
 #include <stdio.h>

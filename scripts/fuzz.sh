@@ -38,7 +38,8 @@ for t in "${targets[@]}"; do
     # the daemons' configuration tables, with the checks of devices and cpu_weights
     [ "$t" = config ] && extra=(common/config.c stage/stage_config.c
                                coordinator/coordinator_config.c kernels/device_spec.c
-                               kernels/cpu/weights_setting.c $(pkg-config --cflags --libs libconfig))
+                               kernels/cpu/weights_setting.c
+                               $(pkg-config --cflags --libs libconfig))
     if ! clang "${flags[@]}" -o "$out/fuzz_$t" "tests/fuzz/fuzz_$t.c" "${sources[@]}" \
             "${extra[@]}" $(pkg-config --cflags --libs jansson libpcre2-8) -lm -lpthread; then
         echo "fuzz.sh: fuzz_$t does not build"

@@ -1,8 +1,8 @@
 /* The `cpu_weights` setting (kernels/backend.h): its values, parsed and checked apart from the
  * backend, so that configuration code (and its fuzz target) needs none of the kernels. */
-#include <string.h>
-
 #include "kernels/backend.h"
+
+#include <string.h>
 
 pp_status pp_cpu_weights_parse(const char *text, int *map)
 {
