@@ -4,7 +4,6 @@
 #include "kernels/devices.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #ifdef PP_HAVE_CUDA

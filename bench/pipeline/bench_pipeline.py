@@ -82,7 +82,6 @@ class Noise:
         self.t0 = time.monotonic()
         self.load0 = os.getloadavg()[0]
         self.m0 = machine_cpu()
-        self.own0 = own_cpu() + (pipeline.cpu_seconds() if pipeline else 0.0)
         self.each0 = self._each()
 
     def _each(self):
@@ -94,10 +93,9 @@ class Noise:
 
     def end(self):
         m1 = machine_cpu()
-        own1 = own_cpu() + (self.pipeline.cpu_seconds() if self.pipeline else 0.0)
-        dt = max(1e-9, time.monotonic() - self.t0)
-        ours = own1 - self.own0
         each1 = self._each()
+        dt = max(1e-9, time.monotonic() - self.t0)
+        ours = sum(each1.values()) - sum(self.each0.values())
         return {"cores_by_process": {k: (v - self.each0.get(k, 0.0)) / dt
                                      for k, v in each1.items()},
                 "load_start": self.load0, "load_end": os.getloadavg()[0],

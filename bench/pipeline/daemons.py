@@ -163,12 +163,9 @@ class Pipeline:
                                + self.logs_tail())
         return self
 
-    def cpu_seconds(self):
-        """User + system CPU seconds used so far by the processes started here (all threads)."""
-        return sum(proc_cpu_seconds(p.pid) for _, p, _ in self.procs if p.poll() is None)
-
     def cpu_seconds_each(self):
-        """cpu_seconds() per process, by name (coordinator, stage0, ...)."""
+        """User + system CPU seconds used so far by each process started here (all threads), by
+        name (coordinator, stage0, ...)."""
         return {n: proc_cpu_seconds(p.pid) for n, p, _ in self.procs if p.poll() is None}
 
     def check_alive(self):

@@ -17,10 +17,13 @@ static void check_status(pp_status st)
         abort();
 }
 
-static void check_strings(const char *s, size_t n)
+/* Every string key of a loaded table ends within its buffer. */
+static void check_strings(const struct pp_cfg_key *keys, int n_keys, const void *dest)
 {
-    if (!memchr(s, 0, n))
-        abort();
+    for (int i = 0; i < n_keys; i++)
+        if (keys[i].type == PP_CFG_STRING &&
+            !memchr((const char *)dest + keys[i].offset, 0, PP_CFG_STR_MAX))
+            abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -35,9 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pp_status st = pp_config_load_file(pp_stage_config_keys, pp_stage_config_n_keys, &sc, path);
     check_status(st);
     if (st == PP_OK) {
-        check_strings(sc.coordinator, sizeof(sc.coordinator));
-        check_strings(sc.devices, sizeof(sc.devices));
-        check_strings(sc.log_level, sizeof(sc.log_level));
+        check_strings(pp_stage_config_keys, pp_stage_config_n_keys, &sc);
         pp_error_clear();
         check_status(pp_stage_config_check(&sc));
     }
@@ -47,6 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     st = pp_config_load_file(pp_coordinator_config_keys, pp_coordinator_config_n_keys, &cc, path);
     check_status(st);
     if (st == PP_OK) {
+        check_strings(pp_coordinator_config_keys, pp_coordinator_config_n_keys, &cc);
         pp_error_clear();
         check_status(pp_coordinator_config_check(&cc));
     }

@@ -45,10 +45,6 @@ static void check_done(const struct pp_hop_assembler *a, int64_t dim)
 }
 
 /* Seeds: records of real messages, written by pp_hop_handshake_pack and pp_hop_encode. */
-struct seed {
-    FILE *f;
-};
-
 static void put_record(FILE *f, uint8_t kind, const struct pp_buf *b)
 {
     uint8_t hdr[3] = {kind, (uint8_t)(b->len & 0xff), (uint8_t)(b->len >> 8)};
@@ -61,7 +57,7 @@ static pp_status put_message(void *ud, const ProtobufCMessage *msg)
     struct pp_buf b = {0};
     pp_status st = pp_rpc_pack(msg, &b);
     if (st == PP_OK)
-        put_record(((struct seed *)ud)->f, 0, &b);
+        put_record(ud, 0, &b);
     pp_buf_free(&b);
     return st;
 }
@@ -72,14 +68,14 @@ static void write_seed(const char *dir, const char *name, int kind)
 {
     char path[1024];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
-    struct seed sd = {fopen(path, "wb")};
-    if (!sd.f)
+    FILE *f = fopen(path, "wb");
+    if (!f)
         abort();
-    fputc(1, sd.f); /* width fixed at 4 */
+    fputc(1, f); /* width fixed at 4 */
     struct pp_buf b = {0};
     if (pp_hop_handshake_pack(1, "model", 3, &b) != PP_OK)
         abort();
-    put_record(sd.f, 0, &b);
+    put_record(f, 0, &b);
     pp_buf_free(&b);
     Ppserve__V1__SeqPart p[2], *pp[2] = {&p[0], &p[1]};
     ppserve__v1__seq_part__init(&p[0]);
@@ -105,9 +101,9 @@ static void write_seed(const char *dir, const char *name, int kind)
     } else {
         h.error = "stage 0 (layers 0..3): out of memory";
     }
-    if (pp_hop_encode(&h, payload, len, put_message, &sd) != PP_OK)
+    if (pp_hop_encode(&h, payload, len, put_message, f) != PP_OK)
         abort();
-    fclose(sd.f);
+    fclose(f);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
