@@ -51,6 +51,12 @@
 #define PP_MM_DIRECT_MAX_TOKENS 20
 #endif
 
+/* Up to this many tokens the AVX-512 few-token nest reads four row groups (12 rows) per tile
+ * instead of two (kernels/cpu/simd_avx512.c). */
+#ifndef PP_MM_FOUR_GROUPS_MAX_TOKENS
+#define PP_MM_FOUR_GROUPS_MAX_TOKENS 4
+#endif
+
 /* Reduction blocking of the few-token nest (kernels/cpu/simd_x86_direct.h): a block holds at most
  * this many activation floats (n tokens × block length: 256 KiB, in L2), and block lengths are a
  * multiple of ALIGN (whole Q8_0 blocks, whole 8-lane steps). Each block after the first reads a row

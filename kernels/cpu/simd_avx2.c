@@ -92,7 +92,7 @@ static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32, TWO_ROW), DTILE_TABLE(
 void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s)
 {
-    pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS);
+    pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS, NULL, 0);
 }
 
 /* --- many tokens: packed panels and the register-blocked micro-kernel ------------------------- */

@@ -5,8 +5,8 @@
  * instruction. The many-token micro-kernel is 6 rows × 8 tokens (24 zmm accumulators) over the
  * packed f32 panels of the AVX2 nest. The few-token nest is the AVX2 one
  * (kernels/cpu/simd_x86_direct.h) built here, with a 6-row tile of zmm row pairs that reads two row
- * groups at once for 2-20 tokens, and for 1-20 tokens of Q8_0; the other loops are the AVX2
- * ones. */
+ * groups at once for 2-20 tokens, and for 1-20 tokens of Q8_0, and the same tile over four groups
+ * (12 rows) for 2-4 tokens of f32, f16 and bf16; the other loops are the AVX2 ones. */
 #include "kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -179,15 +179,15 @@ AI void split8(float *lo, float *hi, __m512 v)
     _mm256_storeu_ps(hi, _mm512_extractf32x8_ps(v, 1));
 }
 
-/* A zmm tile's start: its tokens' activations, and its lane sums from zero (the first block) or
- * from scratch. */
-AI void ztile_start(const struct dtile *m, const float **xp, __m512 (*acc)[4], int NT)
+/* A zmm tile's start: its tokens' activations, and the lane sums of its NP row pairs from zero
+ * (the first block) or from scratch. */
+AI void ztile_start(const struct dtile *m, const float **xp, __m512 (*acc)[4], int NT, int NP)
 {
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NT; j++)
         xp[j] = m->x + j * m->ldx;
-    _Pragma("GCC unroll 3")
-    for (int q = 0; q < 3; q++)
+    _Pragma("GCC unroll 6")
+    for (int q = 0; q < NP; q++)
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++)
             acc[q][j] = m->first ? _mm512_setzero_ps()
@@ -196,10 +196,10 @@ AI void ztile_start(const struct dtile *m, const float **xp, __m512 (*acc)[4], i
 }
 
 /* A zmm tile's end: merged into y (the last block) or its lane sums back to scratch. */
-AI void ztile_finish(const struct dtile *m, __m512 (*acc)[4], int NT)
+AI void ztile_finish(const struct dtile *m, __m512 (*acc)[4], int NT, int NP)
 {
-    _Pragma("GCC unroll 3")
-    for (int q = 0; q < 3; q++)
+    _Pragma("GCC unroll 6")
+    for (int q = 0; q < NP; q++)
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++) {
             if (m->last) {
@@ -212,67 +212,72 @@ AI void ztile_finish(const struct dtile *m, __m512 (*acc)[4], int NT)
         }
 }
 
-/* The few-token tile of 6 rows (two whole row groups, A and B = A + grp_off) × NT tokens over f32,
- * f16 or bf16 weights in row groups: rows in pairs (0,1), (2,3), (4,5), one zmm each, whose halves
- * are the eight lanes of the two rows, so that one conversion and one FMA serve two rows; pairs
- * (0,1) and (4,5) are adjacent units of one group, pair (2,3) takes row 2 from A and row 3 from B.
- * Every lane runs the same chain as in dtile_run (kernels/cpu/simd_x86_direct.h). */
-AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT)
+/* One 8-element step of ztile_run at wk (the first group's units of the step). */
+AI void ztile_step(__m512 (*acc)[4], const char *wk, int64_t go, int64_t ub,
+                   const float *const *xp, int64_t k, enum pp_dtype dt, int NT, int NP)
+{
+    __m512 w[6];
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < NP / 3; h++) {
+        const char *a = wk + 2 * h * go, *b = a + go;
+        w[3 * h] = ld_pair_run(a, dt);
+        w[3 * h + 1] = ld_pair(a + 2 * ub, b, dt);
+        w[3 * h + 2] = ld_pair_run(b + ub, dt);
+    }
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NT; j++) {
+        __m512 xv = dup8(xp[j] + k);
+        _Pragma("GCC unroll 6")
+        for (int q = 0; q < NP; q++)
+            acc[q][j] = _mm512_fmadd_ps(w[q], xv, acc[q][j]);
+    }
+}
+
+/* The few-token tile of NP row pairs × NT tokens over f32, f16 or bf16 weights in row groups: NP = 3
+ * for two whole groups (A, and B = A + grp_off), NP = 6 for four (A to D, each grp_off after the
+ * one before). Each pair is one zmm whose halves are the eight lanes of its two rows, so that one
+ * conversion and one FMA serve two rows; of two groups X, Y, pairs (0,1) and (4,5) are adjacent
+ * units of one group and (2,3) is X's row 2 with Y's row 0. Four groups read four streams of
+ * weights and load each activation vector once for 24 FMAs: on two threads at 2-4 tokens they
+ * stream 2-5% faster than two (docs/benchmarks.md). Every lane runs the same chain as in dtile_run
+ * (kernels/cpu/simd_x86_direct.h). */
+AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT, int NP)
 {
     const float *xp[4];
-    __m512 acc[3][4];
+    __m512 acc[6][4];
     int64_t us = m->g.unit_stride, ub = m->g.row_off, go = m->grp_off;
-    ztile_start(m, xp, acc, NT);
+    ztile_start(m, xp, acc, NT, NP);
     int64_t k = m->k0, kend = m->k0 + m->full;
     const char *wk = m->w + k / 8 * us;
     for (; k + 32 <= kend; k += 32, wk += 4 * us) {
         if (m->pf)
-            dtile_prefetch(m, wk, dt, 6);
+            dtile_prefetch(m, wk, dt, 2 * NP);
         _Pragma("GCC unroll 4")
-        for (int s = 0; s < 4; s++) {
-            const char *a = wk + s * us, *b = a + go;
-            __m512 w0 = ld_pair_run(a, dt), w1 = ld_pair(a + 2 * ub, b, dt),
-                   w2 = ld_pair_run(b + ub, dt);
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++) {
-                __m512 xv = dup8(xp[j] + k + s * 8);
-                acc[0][j] = _mm512_fmadd_ps(w0, xv, acc[0][j]);
-                acc[1][j] = _mm512_fmadd_ps(w1, xv, acc[1][j]);
-                acc[2][j] = _mm512_fmadd_ps(w2, xv, acc[2][j]);
-            }
-        }
+        for (int s = 0; s < 4; s++)
+            ztile_step(acc, wk + s * us, go, ub, xp, k + s * 8, dt, NT, NP);
     }
-    for (; k < kend; k += 8, wk += us) {
-        __m512 w0 = ld_pair_run(wk, dt), w1 = ld_pair(wk + 2 * ub, wk + go, dt),
-               w2 = ld_pair_run(wk + go + ub, dt);
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NT; j++) {
-            __m512 xv = dup8(xp[j] + k);
-            acc[0][j] = _mm512_fmadd_ps(w0, xv, acc[0][j]);
-            acc[1][j] = _mm512_fmadd_ps(w1, xv, acc[1][j]);
-            acc[2][j] = _mm512_fmadd_ps(w2, xv, acc[2][j]);
-        }
-    }
+    for (; k < kend; k += 8, wk += us)
+        ztile_step(acc, wk, go, ub, xp, k, dt, NT, NP);
     if (m->rem) {
-        __m256i mk = pp__tail_mask_avx(m->rem);
-        __m256 t[6];
-        _Pragma("GCC unroll 6")
-        for (int i = 0; i < 6; i++)
+        __m256 t[12];
+        _Pragma("GCC unroll 12")
+        for (int i = 0; i < 2 * NP; i++)
             t[i] = ld_w_tail(m->w + kend / 8 * us + i / 3 * go + i % 3 * m->g.tail_off, dt,
                              m->rem);
-        __m512 w[3];
-        _Pragma("GCC unroll 3")
-        for (int q = 0; q < 3; q++)
+        __m512 w[6];
+        _Pragma("GCC unroll 6")
+        for (int q = 0; q < NP; q++)
             w[q] = _mm512_insertf32x8(_mm512_castps256_ps512(t[2 * q]), t[2 * q + 1], 1);
+        __m256i mk = pp__tail_mask_avx(m->rem);
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++) {
             __m512 xv = _mm512_broadcast_f32x8(_mm256_maskload_ps(xp[j] + kend, mk));
-            _Pragma("GCC unroll 3")
-            for (int q = 0; q < 3; q++)
+            _Pragma("GCC unroll 6")
+            for (int q = 0; q < NP; q++)
                 acc[q][j] = _mm512_fmadd_ps(w[q], xv, acc[q][j]);
         }
     }
-    ztile_finish(m, acc, NT);
+    ztile_finish(m, acc, NT, NP);
 }
 
 /* Sixteen int8 weights as f32, each times its lane's scale (d·q, exact in f32, as ld_q8). */
@@ -294,7 +299,7 @@ AI void ztile_q8_run(const struct dtile *m, int NT)
     const struct pp_row_group whole = pp__row_group(PP_DTYPE_Q8_0, PP_Q8_0_BLOCK, 1, 3);
     const struct pp_row_group *g = &whole;
     int64_t go = m->grp_off;
-    ztile_start(m, xp, acc, NT);
+    ztile_start(m, xp, acc, NT, 3);
     /* the scales of rows (A0, A1), (A2, B0), (B1, B2) among [A0 A1 A2 - B0 B1 B2 -] */
     const __m512i pair[3] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
                              _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4),
@@ -331,7 +336,7 @@ AI void ztile_q8_run(const struct dtile *m, int NT)
             }
         }
     }
-    ztile_finish(m, acc, NT);
+    ztile_finish(m, acc, NT, 3);
 }
 
 #define ZTILE(name, dt, nt)                                                                        \
@@ -340,11 +345,25 @@ AI void ztile_q8_run(const struct dtile *m, int NT)
         if (dt == PP_DTYPE_Q8_0)                                                                   \
             ztile_q8_run(m, nt);                                                                   \
         else                                                                                       \
-            ztile_run(m, dt, nt);                                                                  \
+            ztile_run(m, dt, nt, 3);                                                               \
     }
 /* n >= 2 tokens never leaves a tile of one (tiles of up to 4, as even as possible) */
 #define ZTILE_DT(name, dt) ZTILE(name, dt, 2) ZTILE(name, dt, 3) ZTILE(name, dt, 4)
 ZTILE(q8_0, PP_DTYPE_Q8_0, 1) ZTILE_DT(q8_0, PP_DTYPE_Q8_0)
+/* the four-group tiles (12 rows) of f32, f16 and bf16 */
+#define ZQUAD(name, dt, nt)                                                                        \
+    __attribute__((noinline)) static void zquad_##name##_##nt(const struct dtile *m)              \
+    {                                                                                              \
+        ztile_run(m, dt, nt, 6);                                                                   \
+    }
+#define ZQUAD_DT(name, dt) ZQUAD(name, dt, 2) ZQUAD(name, dt, 3) ZQUAD(name, dt, 4)
+ZQUAD_DT(f32, PP_DTYPE_F32)
+ZQUAD_DT(f16, PP_DTYPE_F16)
+ZQUAD_DT(bf16, PP_DTYPE_BF16)
+#define ZQUAD_ROW(name) {NULL, NULL, zquad_##name##_2, zquad_##name##_3, zquad_##name##_4}
+/* [dtype][NT]; Q8_0 keeps its two-group tile */
+static const dtile_fn zquads[4][5] = {ZQUAD_ROW(f32), ZQUAD_ROW(f16), ZQUAD_ROW(bf16),
+                                      {NULL, NULL, NULL, NULL, NULL}};
 
 /* Few-token tiles over weights in row groups: two whole groups (6 rows, two streams of weights) as
  * zmm pairs (ztile_run) for 2 to 20 tokens in tiles of up to 4; the 1-3 row ymm tiles of the
@@ -382,7 +401,8 @@ static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r
 {
     if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS &&
         (a->n >= 2 || a->dtype == PP_DTYPE_Q8_0))
-        pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS);
+        pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS, zquads,
+                      PP_MM_FOUR_GROUPS_MAX_TOKENS);
     else if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct_avx2(a, r0, r1, s);
     else

@@ -398,17 +398,22 @@ static int dtype_index(enum pp_dtype dt)
  * tiles of up to 3, or of 3 with tiles of up to 4, whichever needs fewer loads per FMA for this n
  * (counted for n <= 12). Weights in row groups go in their groups of 3, or two groups at a time (6
  * rows × tiles of up to 4 tokens; two streams of weights) when n <= two_groups and the table has
- * 6-row tiles for the dtype. */
+ * 6-row tiles for the dtype, or four at a time (12 rows, four streams; quads[dtype][NT]) when
+ * also n <= four_groups and quads has them. */
 AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
-                      const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][5], int two_groups)
+                      const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][5], int two_groups,
+                      const dtile_fn (*quads)[5], int four_groups)
 {
     const dtile_fn *tab = &tiles[dtype_index(a->dtype)][0][0];
+    const dtile_fn *quad = quads ? quads[dtype_index(a->dtype)] : NULL;
     int64_t n = a->n, cols = a->cols;
     if (n <= 0)
         return;
     int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
     if (a->grouped && n <= two_groups && tab[2 * PP_ROW_GROUP * 5 + (n < 4 ? n : 4)])
         mr = 2 * PP_ROW_GROUP;
+    if (mr == 2 * PP_ROW_GROUP && quad && n <= four_groups && quad[n < 4 ? n : 4])
+        mr = 4 * PP_ROW_GROUP;
     int ntmax = mr == 4 ? 3 : 4;
     int64_t n_tiles = (n + ntmax - 1) / ntmax;
     int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
@@ -439,8 +444,10 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             m.last = k0 + kl == cols;
             for (int64_t r = rs, rows; r < rs1; r += rows) {
                 rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
+                /* a tile's groups are whole but maybe the last: what is left of four groups
+                 * goes on in two, then one */
                 if (a->grouped && rows > PP_ROW_GROUP && rows < mr)
-                    rows = PP_ROW_GROUP; /* a tile's groups are whole but maybe the last */
+                    rows = rows >= 2 * PP_ROW_GROUP ? 2 * PP_ROW_GROUP : PP_ROW_GROUP;
                 m.g = pp__row_group(a->dtype, cols, a->grouped,
                                     rows > PP_ROW_GROUP ? PP_ROW_GROUP : rows);
                 m.w = (const char *)a->w + r * a->row_bytes;
@@ -475,7 +482,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     m.x = a->x + t * a->ldx;
                     m.acc = s->acc + ((r - rs) * n + t) * 8;
                     m.y = a->y + t * a->rows + r;
-                    tab[rows * 5 + nt](&m);
+                    (rows == 4 * PP_ROW_GROUP ? quad : tab + rows * 5)[nt](&m);
                     t += nt;
                 }
             }

@@ -342,6 +342,30 @@ static void test_direct_all_token_counts(void **state)
         }
 }
 
+/* The few-token tiles of four row groups (12 rows, PP_MM_FOUR_GROUPS_MAX_TOKENS) and what a call
+ * leaves after them (two groups, one, a short one), in one reduction block and in several. */
+static void test_direct_four_groups(void **state)
+{
+    (void)state;
+    unsigned seed = 33;
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    const int64_t rows_list[] = {12, 13, 17, 23, 24, 29, 36};
+    for (int d = 0; d < 4; d++)
+        for (int64_t n = 2; n <= PP_MM_FOUR_GROUPS_MAX_TOKENS + 1; n++) {
+            int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
+            const int64_t cols_list[] = {37, 2 * kb + 45};
+            for (int c = 0; c < 2; c++)
+                for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); i++) {
+                    int64_t cols = cols_list[c];
+                    if (dts[d] == PP_DTYPE_Q8_0)
+                        cols = (cols + PP_Q8_0_BLOCK - 1) / PP_Q8_0_BLOCK * PP_Q8_0_BLOCK;
+                    if (c == 1 && i % 3 != 0)
+                        continue; /* the long rows: a few row counts are enough */
+                    check_rows(dts[d], rows_list[i], cols, n, &seed);
+                }
+        }
+}
+
 /* Q8_0 blocks at the format's edges: every int8 value, -128 included, under scales from the
  * smallest f16 subnormal to the largest finite f16, negative and zero ones too. The vector tables'
  * d·q (int8 to f32 in registers, times the block's scale) must be exact, so the same bits as the
@@ -406,6 +430,7 @@ int main(void)
         cmocka_unit_test(test_row_groups_layout),
         cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_direct_all_token_counts),
+        cmocka_unit_test(test_direct_four_groups),
         cmocka_unit_test(test_q8_0_edges),
         cmocka_unit_test(test_conversions_match),
     };
