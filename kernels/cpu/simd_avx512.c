@@ -233,14 +233,14 @@ AI void ztile_step(__m512 (*acc)[4], const char *wk, int64_t go, int64_t ub,
     }
 }
 
-/* The few-token tile of NP row pairs × NT tokens over f32, f16 or bf16 weights in row groups: NP = 3
- * for two whole groups (A, and B = A + grp_off), NP = 6 for four (A to D, each grp_off after the
- * one before). Each pair is one zmm whose halves are the eight lanes of its two rows, so that one
- * conversion and one FMA serve two rows; of two groups X, Y, pairs (0,1) and (4,5) are adjacent
- * units of one group and (2,3) is X's row 2 with Y's row 0. Four groups read four streams of
- * weights and load each activation vector once for 24 FMAs: on two threads at 2-4 tokens they
- * stream 2-5% faster than two (docs/benchmarks.md). Every lane runs the same chain as in dtile_run
- * (kernels/cpu/simd_x86_direct.h). */
+/* The few-token tile of NP row pairs × NT tokens over f32, f16 or bf16 weights in row groups:
+ * NP = 3 for two whole groups (A, and B = A + grp_off), NP = 6 for four (A to D, each grp_off
+ * after the one before). Each pair is one zmm whose halves are the eight lanes of its two rows,
+ * so that one conversion and one FMA serve two rows; of two groups X, Y, pairs (0,1) and (4,5)
+ * are adjacent units of one group and (2,3) is X's row 2 with Y's row 0. Four groups read four
+ * streams of weights and load each activation vector once for 24 FMAs: on two threads at 2-4
+ * tokens they stream 2-5% faster than two (docs/benchmarks.md). Every lane runs the same chain as
+ * in dtile_run (kernels/cpu/simd_x86_direct.h). */
 AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT, int NP)
 {
     const float *xp[4];
