@@ -343,7 +343,8 @@ static void test_direct_all_token_counts(void **state)
 }
 
 /* The few-token tiles of four row groups (12 rows, PP_MM_FOUR_GROUPS_MAX_TOKENS) and what a call
- * leaves after them (two groups, one, a short one), in one reduction block and in several. */
+ * leaves after them (two groups, one, a short one), in one reduction block and in several; one
+ * token and one past the limit take the other tiles over the same rows. */
 static void test_direct_four_groups(void **state)
 {
     (void)state;
@@ -351,7 +352,7 @@ static void test_direct_four_groups(void **state)
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
     const int64_t rows_list[] = {12, 13, 17, 23, 24, 29, 36};
     for (int d = 0; d < 4; d++)
-        for (int64_t n = 2; n <= PP_MM_FOUR_GROUPS_MAX_TOKENS + 1; n++) {
+        for (int64_t n = 1; n <= PP_MM_FOUR_GROUPS_MAX_TOKENS + 1; n++) {
             int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
             const int64_t cols_list[] = {37, 2 * kb + 45};
             for (int c = 0; c < 2; c++)
