@@ -238,9 +238,10 @@ AI void ztile_step(__m512 (*acc)[4], const char *wk, int64_t go, int64_t ub,
  * after the one before). Each pair is one zmm whose halves are the eight lanes of its two rows,
  * so that one conversion and one FMA serve two rows; of two groups X, Y, pairs (0,1) and (4,5)
  * are adjacent units of one group and (2,3) is X's row 2 with Y's row 0. Four groups read four
- * streams of weights and load each activation vector once for 24 FMAs: on two threads at 2-4
- * tokens they stream 2-5% faster than two (docs/benchmarks.md). Every lane runs the same chain as
- * in dtile_run (kernels/cpu/simd_x86_direct.h). */
+ * streams of weights, and each activation vector loaded serves six pairs instead of three: on two
+ * threads at 2-4 tokens they streamed 0-5% faster than two, 3-4% in most rounds
+ * (docs/benchmarks.md). Every lane runs the same chain as in dtile_run
+ * (kernels/cpu/simd_x86_direct.h). */
 AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT, int NP)
 {
     const float *xp[4];
