@@ -121,6 +121,7 @@ pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out)
     }
     c->n_threads = n_threads;
     c->simd = pp_simd_get();
+    c->prefetch_l2 = pp_simd_prefetch_l2();
     be->n_threads = n_threads;
     *out = be;
     return PP_OK;

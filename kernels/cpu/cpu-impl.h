@@ -21,6 +21,7 @@ enum pp_cpu_scratch_slot {
 struct pp_cpu {
     struct pp_threadpool *pool;
     const struct pp_simd *simd; /* inner loops for this CPU */
+    int prefetch_l2;            /* pp_simd_prefetch_l2, chosen with simd */
     int n_threads;
     int map_weights;     /* weight_load uses weights in place instead of copying them */
     int64_t max_cols;    /* as reserved */

@@ -65,7 +65,7 @@ void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struc
     struct matmul_job j = {c,
                            {y, x, w->cols, w->data, w->dtype, w->rows, w->cols, n,
                             pp_dtype_row_bytes(w->dtype, w->cols),
-                            w->layout == PP_WEIGHT_ROW_GROUPS},
+                            w->layout == PP_WEIGHT_ROW_GROUPS, c->prefetch_l2},
                            NULL,
                            c->x_padded};
     int pad = n > PP_MM_DIRECT_MAX_TOKENS && w->cols % 256 == 0;

@@ -129,7 +129,23 @@ pp_status pp_simd_check_env(void)
     if (force && *force && level_named(force) < 0)
         return pp_error(PP_ERR_INVALID_ARG,
                         "PP_SIMD: expected portable, avx2 or avx512, got \"%s\"", force);
+    const char *pf = getenv("PP_PREFETCH");
+    if (pf && *pf && strcmp(pf, "l1") != 0 && strcmp(pf, "l2") != 0)
+        return pp_error(PP_ERR_INVALID_ARG, "PP_PREFETCH: expected l1 or l2, got \"%s\"", pf);
     return PP_OK;
+}
+
+int pp_simd_prefetch_l2(void)
+{
+    const char *pf = getenv("PP_PREFETCH");
+    if (pf && *pf)
+        return strcmp(pf, "l2") == 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
 }
 
 const struct pp_simd *pp_simd_get(void)

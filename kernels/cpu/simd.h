@@ -83,6 +83,8 @@ struct pp_mm_args {
     int64_t row_bytes; /* bytes of one stored weight row */
     int grouped;       /* w in row groups (kernels/cpu/row_groups.h): then r0 (and r1 unless it is
                         * rows) of matmul_rows are multiples of PP_ROW_GROUP */
+    int prefetch_l2;   /* the few-token nest's software prefetch goes to L2, not L1
+                        * (pp_simd_prefetch_l2); never changes a bit */
 };
 
 /* Per-thread scratch of one matmul call. */
@@ -129,8 +131,15 @@ struct pp_simd {
  * the best one below it; another value is ignored here, and pp_simd_check_env refuses it).
  * Thread-safe; the tables are immutable once returned. */
 const struct pp_simd *pp_simd_get(void);
-/* PP_OK, or PP_ERR_INVALID_ARG with a message when PP_SIMD is set to an unknown name. */
+/* PP_OK, or PP_ERR_INVALID_ARG with a message when PP_SIMD or PP_PREFETCH is set to an unknown
+ * value. */
 pp_status pp_simd_check_env(void);
+/* Where the few-token matmul nest prefetches the weights it streams: 1 for L2, 0 for L1.
+ * PP_PREFETCH=l1|l2 in the environment decides; otherwise it is L2 on AMD CPUs with AVX-512
+ * (Zen 4 and later, where prefetching into L2 streamed one token's weights 10% faster) and L1
+ * elsewhere (Zen 3 and the Xeon hosts measured L2 level or slower). Read when a backend is
+ * created, as PP_SIMD is. */
+int pp_simd_prefetch_l2(void);
 const struct pp_simd *pp_simd_portable(void);
 /* The table named "portable", "avx2" or "avx512", or NULL when the name is unknown or this CPU or
  * build cannot run it. */

@@ -1135,6 +1135,20 @@ static void test_new_and_reserve_errors(void **state)
     assert_non_null(strstr(pp_error_detail(), "expected portable, avx2 or avx512, got \"avx9\""));
     assert_int_equal(pp_mem_live(PP_MEM_MISC), misc0);
     unsetenv("PP_SIMD");
+    /* and so is an unknown PP_PREFETCH; l1 and l2 pick the few-token nest's prefetch level */
+    setenv("PP_PREFETCH", "l3", 1);
+    pp_error_clear();
+    assert_int_equal(pp_backend_cpu_new(2, &be), PP_ERR_INVALID_ARG);
+    assert_non_null(strstr(pp_error_detail(), "PP_PREFETCH: expected l1 or l2, got \"l3\""));
+    assert_int_equal(pp_mem_live(PP_MEM_MISC), misc0);
+    setenv("PP_PREFETCH", "l2", 1);
+    assert_int_equal(pp_simd_prefetch_l2(), 1);
+    setenv("PP_PREFETCH", "l1", 1);
+    assert_int_equal(pp_simd_prefetch_l2(), 0);
+    assert_int_equal(pp_backend_cpu_new(2, &be), PP_OK);
+    be->ops->free(be);
+    be = NULL;
+    unsetenv("PP_PREFETCH");
 
     int64_t misc = pp_mem_live(PP_MEM_MISC), act = pp_mem_live(PP_MEM_ACTIVATIONS);
     /* each allocation of the constructor may fail, leaking nothing */

@@ -185,24 +185,33 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
         x[i] = frand(seed) * 3.0f;
     struct pp_mm_args a = {y1, x, cols, w, dt, rows, cols, n, rb};
     struct pp_mm_scratch s = {row, panel, acc};
-    /* in chunks of rows, as threads take them: which rows share a call changes no bit */
-    for (int64_t r = 0; r < rows; r += chunk)
-        fast->matmul_rows(&a, r, r + chunk < rows ? r + chunk : rows, &s);
     a.y = y2;
     port->matmul_rows(&a, 0, rows, &s);
-    if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
-        fail_msg("matmul_rows %s [%lld,%lld] n=%lld: %s and portable differ", pp_dtype_name(dt),
-                 (long long)rows, (long long)cols, (long long)n, fast->name);
+    a.y = y1;
     char *wg = malloc((size_t)(rows * rb));
     pp__row_groups_pack(wg, w, dt, rows, cols);
     struct pp_mm_args g = {y1, x, cols, wg, dt, rows, cols, n, rb, 1};
     int64_t gchunk = (chunk + PP_ROW_GROUP - 1) / PP_ROW_GROUP * PP_ROW_GROUP;
-    memset(y1, 0, sizeof(float) * (size_t)(n * rows));
-    for (int64_t r = 0; r < rows; r += gchunk)
-        fast->matmul_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
-    if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
-        fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups: %s and portable differ",
-                 pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, fast->name);
+    /* prefetching into L1 or L2 changes no bit either */
+    for (int l2 = 0; l2 < 2; l2++) {
+        a.prefetch_l2 = g.prefetch_l2 = l2;
+        /* in chunks of rows, as threads take them: which rows share a call changes no bit */
+        memset(y1, 0, sizeof(float) * (size_t)(n * rows));
+        for (int64_t r = 0; r < rows; r += chunk)
+            fast->matmul_rows(&a, r, r + chunk < rows ? r + chunk : rows, &s);
+        if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
+            fail_msg("matmul_rows %s [%lld,%lld] n=%lld, prefetch L%d: %s and portable differ",
+                     pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, l2 + 1,
+                     fast->name);
+        memset(y1, 0, sizeof(float) * (size_t)(n * rows));
+        for (int64_t r = 0; r < rows; r += gchunk)
+            fast->matmul_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
+        if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
+            fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups, prefetch L%d: %s and "
+                     "portable differ",
+                     pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, l2 + 1,
+                     fast->name);
+    }
     /* the portable loop reads row groups back row by row (pp__row_groups_row_to_f32) */
     float *y3 = malloc(sizeof(float) * (size_t)(n * rows));
     g.y = y3;

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The matmul nests' software prefetches change no result, so only this notices when they go:
+# - the many-token nest asks for the next panel's weights while it sweeps the current one
+#   (panel_src_prefetch in kernels/cpu/simd_avx2.c, an L2 prefetch). GCC 12 once deleted every
+#   call to that helper, taking a function whose only effects are prefetches for one without side
+#   effects;
+# - the few-token tiles prefetch the weights they stream into L1 or L2, as the backend chose
+#   (pp_simd_prefetch_l2, dtile_prefetch in kernels/cpu/simd_x86_direct.h): both forms must be in
+#   the one-token f16 tile.
+# This reads the built machine code and fails unless it holds them.
+# Usage: check_prefetch.sh OBJDUMP LIBPP_KERNELS_A
+set -euo pipefail
+objdump=$1
+lib=$2
+# awk reads to the end (no early exit), so that objdump never dies of a closed pipe
+dump=$("$objdump" -d --no-show-raw-insn "$lib")
+body() {
+    awk -v fn="$1" '$0 ~ "^[0-9a-f]+ <" fn ">:$" {on = 1; next} on && /^$/ {on = 0} on {print}' \
+        <<<"$dump"
+}
+# function, instruction, what is lost without it
+check() {
+    local code
+    code=$(body "$1")
+    if [ -z "$code" ]; then
+        echo "check_prefetch: no $1 in $lib" >&2
+        exit 1
+    fi
+    if ! grep -q "$2" <<<"$code"; then
+        echo "check_prefetch: $1 in $lib issues no $2: $3 was compiled away" >&2
+        exit 1
+    fi
+    echo "check_prefetch: $1 holds $(grep -c "$2" <<<"$code") $2 ($3)"
+}
+check pp__mm_packed_avx2 prefetcht1 "the next panel's prefetch"
+check dtile_f16_6x1 prefetcht0 "the few-token prefetch into L1"
+check dtile_f16_6x1 prefetcht1 "the few-token prefetch into L2"
