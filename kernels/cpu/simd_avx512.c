@@ -5,8 +5,8 @@
  * instruction. The many-token micro-kernel is 6 rows × 8 tokens (24 zmm accumulators) over the
  * packed f32 panels of the AVX2 nest. The few-token nest is the AVX2 one
  * (kernels/cpu/simd_x86_direct.h) built here, with a 6-row tile of zmm row pairs that reads two row
- * groups at once for 2-20 tokens, and for 1-20 tokens of Q8_0, and the same tile over four groups
- * (12 rows) for 2-4 tokens of f32, f16 and bf16; the other loops are the AVX2 ones. */
+ * groups at once for 1-20 tokens, and the same tile over four groups (12 rows) for 1-4 tokens of
+ * f32, f16 and bf16; the other loops (and weights not in row groups) are the AVX2 ones. */
 #include "kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -239,7 +239,8 @@ AI void ztile_step(__m512 (*acc)[4], const char *wk, int64_t go, int64_t ub,
  * so that one conversion and one FMA serve two rows; of two groups X, Y, pairs (0,1) and (4,5)
  * are adjacent units of one group and (2,3) is X's row 2 with Y's row 0. Four groups read four
  * streams of weights, and each activation vector loaded serves six pairs instead of three: on two
- * threads at 2-4 tokens they streamed 0-5% faster than two, 3-4% in most rounds
+ * threads at 2-4 tokens they streamed 0-5% faster than two, 3-4% in most rounds (Xeon host), and
+ * at one token on the Zen 4 host, one thread, f16 23% and bf16 13-18% faster than the AVX2 nest
  * (docs/benchmarks.md). Every lane runs the same chain as in dtile_run
  * (kernels/cpu/simd_x86_direct.h). */
 AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT, int NP)
@@ -348,60 +349,66 @@ AI void ztile_q8_run(const struct dtile *m, int NT)
         else                                                                                       \
             ztile_run(m, dt, nt, 3);                                                               \
     }
-/* n >= 2 tokens never leaves a tile of one (tiles of up to 4, as even as possible) */
-#define ZTILE_DT(name, dt) ZTILE(name, dt, 2) ZTILE(name, dt, 3) ZTILE(name, dt, 4)
-ZTILE(q8_0, PP_DTYPE_Q8_0, 1) ZTILE_DT(q8_0, PP_DTYPE_Q8_0)
+/* tiles of up to 4 tokens, as even as possible */
+#define ZTILE_DT(name, dt)                                                                         \
+    ZTILE(name, dt, 1) ZTILE(name, dt, 2) ZTILE(name, dt, 3) ZTILE(name, dt, 4)
+ZTILE_DT(q8_0, PP_DTYPE_Q8_0)
 /* the four-group tiles (12 rows) of f32, f16 and bf16 */
 #define ZQUAD(name, dt, nt)                                                                        \
     __attribute__((noinline)) static void zquad_##name##_##nt(const struct dtile *m)              \
     {                                                                                              \
         ztile_run(m, dt, nt, 6);                                                                   \
     }
-#define ZQUAD_DT(name, dt) ZQUAD(name, dt, 2) ZQUAD(name, dt, 3) ZQUAD(name, dt, 4)
+#define ZQUAD_DT(name, dt)                                                                         \
+    ZQUAD(name, dt, 1) ZQUAD(name, dt, 2) ZQUAD(name, dt, 3) ZQUAD(name, dt, 4)
 ZQUAD_DT(f32, PP_DTYPE_F32)
 ZQUAD_DT(f16, PP_DTYPE_F16)
 ZQUAD_DT(bf16, PP_DTYPE_BF16)
-#define ZQUAD_ROW(name) {NULL, NULL, zquad_##name##_2, zquad_##name##_3, zquad_##name##_4}
+#define ZQUAD_ROW(name)                                                                            \
+    {NULL, zquad_##name##_1, zquad_##name##_2, zquad_##name##_3, zquad_##name##_4}
 /* [dtype][NT]; Q8_0 keeps its two-group tile */
 static const dtile_fn zquads[4][5] = {ZQUAD_ROW(f32), ZQUAD_ROW(f16), ZQUAD_ROW(bf16),
                                       {NULL, NULL, NULL, NULL, NULL}};
 
 /* Few-token tiles over weights in row groups: two whole groups (6 rows, two streams of weights) as
- * zmm pairs (ztile_run) for 2 to 20 tokens in tiles of up to 4; the 1-3 row ymm tiles of the
+ * zmm pairs (ztile_run) for 1 to 20 tokens in tiles of up to 4; the 1-3 row ymm tiles of the
  * shared nest take the rows left over. One thread from memory (pp_bench_matmul --dtypes
  * f16,bf16,f32 --tokens 1,2,3,4,6,8,12,20, PP_SIMD=avx2 and avx512 in alternation, two rounds),
  * GB/s with the AVX2 tiles (3 rows, one stream) against these, f16: 2 tokens 12.3-13.5 →
  * 15.6-15.9, 4: 12.2-12.3 → 15.7-15.8, 8: 7.2 → 9.9, 20: 3.5 → 4.8; bf16 at 4: 12.1-12.3 → 15.3;
  * f32 at 4: 12.6-13.0 → 15.4-15.6. With its weights in L2 (--row-div 64) f16 at 4 tokens runs
  * 26.0 GB/s against 21.1. The same nest with 6-row ymm tiles (24 ymm accumulators) gave 14.4 at 4
- * tokens. One token of f32, f16 or bf16 takes the AVX2 nest, which streams as fast as memory
- * allows (the zmm tile: 15.6-16.0 GB/s against 16.6-16.9 on one thread). Q8_0, whose int8
- * conversion bounds the AVX2 tiles, takes the zmm pairs from one token on (ztile_q8_run), as a
- * fraction of one thread's read bandwidth (pp_bench_matmul --dtypes q8_0, PP_SIMD=avx2 then the
+ * tokens. One token of f32, f16 or bf16 took the AVX2 nest (on the Xeon host the two-group zmm
+ * tile streamed 15.6-16.0 GB/s against its 16.6-16.9 on one thread) until the four-group tile
+ * (zquads) outran both on the Zen 4 host: one thread, one token, f16 22.9-23.8 GB/s (AVX2 nest),
+ * 24.9-25.2 (two groups), 28.2-29.3 (four); bf16 22.1-23.4, 25.0-25.4, 25.1-27.7; alternated in
+ * one sitting (docs/benchmarks.md). Four streams keep more of the weights in flight, which a
+ * core needs when the memory could give it more than the two-stream tiles ask for. Q8_0, whose
+ * int8 conversion bounds the AVX2 tiles, takes the zmm pairs from one token on (ztile_q8_run), as
+ * a fraction of one thread's read bandwidth (pp_bench_matmul --dtypes q8_0, PP_SIMD=avx2 then the
  * default): 1 token 73.3% → 87.1%, 2: 60.2% → 81.2%, 4: 44.6% → 69.4%, 8: 22.9% → 35.5%,
  * 20: 9.5% → 14.7%. With its weights in L2 (--row-div 64) one token runs 18.2 GB/s against 15.4.
  * Reading two of the three row pairs with one load from the interleaved Q8_0 unit
  * (kernels/cpu/row_groups.h), two rounds against the two-load pairs: one thread 1 token 88.0-89.2%
- * → 93.6-95.1%, 4 tokens 68.3-68.6% → 75.1-76.2%; in L2 106-109% → 131-134% (docs/benchmarks.md). */
+ * → 93.6-95.1%, 4 tokens 68.3-68.6% → 75.1-76.2%; in L2 106-109% → 131-134%
+ * (docs/benchmarks.md). */
 #define DTILE_DT(name, dt)                                                                         \
     DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) ZTILE_DT(name, dt)
 DTILE_DT(f32, PP_DTYPE_F32)
 DTILE_DT(f16, PP_DTYPE_F16)
 DTILE_DT(bf16, PP_DTYPE_BF16)
 DTILE_MR(q8_0, PP_DTYPE_Q8_0, 1) DTILE_MR(q8_0, PP_DTYPE_Q8_0, 2) DTILE_MR(q8_0, PP_DTYPE_Q8_0, 3)
-#define DTILE_TABLE(name, z1)                                                                      \
+#define DTILE_TABLE(name)                                                                          \
     {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
      {NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL},                               \
-     {NULL, z1, ztile_##name##_2, ztile_##name##_3, ztile_##name##_4}}
-static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32, NULL), DTILE_TABLE(f16, NULL),
-                                         DTILE_TABLE(bf16, NULL),
-                                         DTILE_TABLE(q8_0, ztile_q8_0_1)};
+     {NULL, ztile_##name##_1, ztile_##name##_2, ztile_##name##_3, ztile_##name##_4}}
+static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16),
+                                         DTILE_TABLE(q8_0)};
 
 static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                const struct pp_mm_scratch *s)
 {
-    if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS &&
-        (a->n >= 2 || a->dtype == PP_DTYPE_Q8_0))
+    if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS, zquads,
                       PP_MM_FOUR_GROUPS_MAX_TOKENS);
     else if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
