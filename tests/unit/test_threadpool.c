@@ -4,10 +4,13 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
+#include "common/spin.h"
 #include "kernels/cpu/threadpool.h"
 
 #define MAX_ITEMS 2048
@@ -137,6 +140,43 @@ static void test_many_runs(void **state)
     pp_threadpool_free(p);
 }
 
+/* A pool whose threads share one CPU (the scheduler may put a worker beside its caller): a waiter
+ * that only spun would hold the CPU for its whole spin budget (PP_SPIN_NS) while the thread it
+ * waits for cannot run, so each job would take at least that long. Spinners yield, so 200 jobs
+ * take far less than 200 budgets. */
+static void test_one_cpu_no_stall(void **state)
+{
+    (void)state;
+    cpu_set_t old, one;
+    assert_int_equal(sched_getaffinity(0, sizeof(old), &old), 0);
+    int cpu = 0;
+    while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &old))
+        cpu++;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    /* the calling thread, and so the workers created after it, run on that CPU only */
+    assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
+    struct pp_threadpool *p = NULL;
+    assert_int_equal(pp_threadpool_new(2, &p), PP_OK);
+    const int jobs = 200;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int run = 0; run < jobs; run++) {
+        int64_t partial[2] = {0};
+        pp_threadpool_run_dynamic(p, sum_fn, partial, 64, 8);
+        assert_int_equal(partial[0] + partial[1], 64 * 63 / 2);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pp_threadpool_free(p);
+    assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
+    double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+    /* a quarter of the budget per job on average, at most (without the yield: the whole budget
+     * or more for each) */
+    if (ns > jobs * (PP_SPIN_NS / 4.0))
+        fail_msg("%d jobs on one CPU took %.1f ms: waiters held the CPU (spin budget %.1f ms)",
+                 jobs, ns / 1e6, PP_SPIN_NS / 1e6);
+}
+
 static void test_invalid_sizes(void **state)
 {
     (void)state;
@@ -184,6 +224,7 @@ int main(void)
         cmocka_unit_test(test_every_item_once),
         cmocka_unit_test(test_pool_of_one),
         cmocka_unit_test(test_many_runs),
+        cmocka_unit_test(test_one_cpu_no_stall),
         cmocka_unit_test(test_invalid_sizes),
         cmocka_unit_test(test_alloc_failures),
     };
