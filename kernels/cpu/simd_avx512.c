@@ -382,8 +382,8 @@ static const dtile_fn zquads[4][5] = {ZQUAD_ROW(f32), ZQUAD_ROW(f16), ZQUAD_ROW(
  * tile streamed 15.6-16.0 GB/s against its 16.6-16.9 on one thread) until the four-group tile
  * (zquads) outran both on the Zen 4 host: one thread, one token, f16 22.9-23.8 GB/s (AVX2 nest),
  * 24.9-25.2 (two groups), 28.2-29.3 (four); bf16 22.1-23.4, 25.0-25.4, 25.1-27.7; alternated in
- * one sitting (docs/benchmarks.md). Four streams keep more of the weights in flight, which a
- * core needs when the memory could give it more than the two-stream tiles ask for. Q8_0, whose
+ * one sitting (docs/benchmarks.md); our reading is that four streams keep more weights in flight
+ * per core (eight groups gained nothing more). Q8_0, whose
  * int8 conversion bounds the AVX2 tiles, takes the zmm pairs from one token on (ztile_q8_run), as
  * a fraction of one thread's read bandwidth (pp_bench_matmul --dtypes q8_0, PP_SIMD=avx2 then the
  * default): 1 token 73.3% → 87.1%, 2: 60.2% → 81.2%, 4: 44.6% → 69.4%, 8: 22.9% → 35.5%,
