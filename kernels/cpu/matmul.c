@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/matmul_q8.h"
 #include "kernels/cpu/row_groups.h"
 
 /* Rows per chunk handed to a thread (multiples of the 3- and 4-row register tiles). Chunks are
@@ -39,6 +40,13 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread)
     j->cpu->simd->matmul_rows(&j->args, r0, r1, &s);
 }
 
+static void quantize_tokens(void *ctx, int64_t t0, int64_t t1, int thread)
+{
+    struct matmul_job *j = ctx;
+    (void)thread;
+    pp__q8_act_fill(&j->args, j->cpu->simd->q8_act, t0, t1);
+}
+
 static void copy_padded(void *ctx, int64_t t0, int64_t t1, int thread)
 {
     struct matmul_job *j = ctx;
@@ -68,8 +76,9 @@ void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struc
                             w->layout == PP_WEIGHT_ROW_GROUPS, c->prefetch_l2},
                            NULL,
                            c->x_padded};
-    int pad = n > PP_MM_DIRECT_MAX_TOKENS && w->cols % 256 == 0;
-    int64_t slice = pad ? PP_MM_X_PADDED_TOKENS : n;
+    int q8 = w->dtype == PP_DTYPE_Q8_0;
+    int pad = !q8 && n > PP_MM_DIRECT_MAX_TOKENS && w->cols % 256 == 0;
+    int64_t slice = pad || q8 ? PP_MM_X_PADDED_TOKENS : n;
     if (pad) {
         j.args.ldx = w->cols + PP_MM_X_PAD;
         j.args.x = j.padded;
@@ -82,6 +91,15 @@ void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struc
         if (pad) {
             j.src = x + t0 * w->cols;
             pp_threadpool_run(c->pool, copy_padded, &j, nt, 8);
+        }
+        if (q8) {
+            j.args.x = x + t0 * w->cols;
+            assert(pp__q8_act_bytes(nt, w->cols) <= c->x_padded_cap * (int64_t)sizeof(float));
+            pp__q8_act_bind(&j.args, j.padded);
+            if (nt < 8)
+                pp__q8_act_fill(&j.args, c->simd->q8_act, 0, nt);
+            else
+                pp_threadpool_run(c->pool, quantize_tokens, &j, nt, 4);
         }
         pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, w->rows,
                                   nt > PP_MM_DIRECT_MAX_TOKENS ? ROW_GRAIN_PACKED : ROW_GRAIN);

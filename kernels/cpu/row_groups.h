@@ -8,10 +8,9 @@
  * rows row-major would, at the same place: rows [r, r + g) of the group at row r live in bytes
  * [r · row_bytes, (r + g) · row_bytes). Only addresses change, never the arithmetic.
  *
- * A Q8_0 group's unit holds its g rows' blocks of one 32-element span interleaved: the g f16
- * scales first (row i's at 2i), then for each 8-element step s the g rows' eight int8 side by side
- * (row i's at 2g + 8gs + 8i). So the step of two adjacent rows is 16 contiguous bytes, which the
- * AVX-512 tile turns into one zmm row pair with one sign extension (kernels/cpu/simd_avx512.c). */
+ * A Q8_0 group's unit holds its g rows' blocks of one 32-element span: the g f16 scales first (row
+ * i's at 2i), then the g rows' 32 int8 one row after the other (row i's at 2g + 32i). So a row's
+ * block is one 32-byte load for the int8 kernels (kernels/cpu/matmul_q8.h). */
 #ifndef PP_CPU_ROW_GROUPS_H
 #define PP_CPU_ROW_GROUPS_H
 
@@ -58,10 +57,10 @@ static inline struct pp_row_group pp__row_group(enum pp_dtype dt, int64_t cols, 
     q.tail_off = grouped ? rem * esz : row_bytes;
     q.d_off = q.q_base = q.q_step = 0;
     if (dt == PP_DTYPE_Q8_0) {
-        q.row_off = grouped ? 8 : row_bytes;
+        q.row_off = grouped ? PP_Q8_0_BLOCK : row_bytes;
         q.d_off = grouped ? 2 : row_bytes;
         q.q_base = grouped ? 2 * g : 2;
-        q.q_step = grouped ? 8 * g : 8;
+        q.q_step = 8;
     }
     return q;
 }

@@ -85,6 +85,8 @@ struct pp_mm_args {
                         * rows) of matmul_rows are multiples of PP_ROW_GROUP */
     int prefetch_l2;   /* the few-token nest's software prefetch goes to L2, not L1
                         * (pp_simd_prefetch_l2); never changes a bit */
+    const int8_t *xq;  /* Q8_0 weights: the activations in int8, [n, cols] */
+    const float *xd;   /* and their block scales, [n, cols / 32] (kernels/cpu/matmul_q8.h) */
 };
 
 /* Per-thread scratch of one matmul call. */
@@ -113,6 +115,9 @@ typedef void (*pp_exp_shift_fn)(float *x, float shift, int64_t n);
 typedef void (*pp_swiglu_fn)(float *out, const float *gate, const float *up, int64_t n);
 /* pp_row_to_f32 for f16/bf16 (other dtypes use the portable function). */
 typedef void (*pp_convert_fn)(float *dst, const void *src, int64_t n);
+/* Quantizes one row of cols floats (a multiple of 32) to int8 in 32-element blocks: q[cols] and
+ * d[cols / 32] block scales (the canonical rule of kernels/cpu/matmul_q8.h). */
+typedef void (*pp_q8_act_fn)(int8_t *q, float *d, const float *x, int64_t cols);
 
 struct pp_simd {
     const char *name; /* "avx512", "avx2" or "portable" */
@@ -124,6 +129,7 @@ struct pp_simd {
     pp_swiglu_fn swiglu;
     pp_convert_fn f16_to_f32;
     pp_convert_fn bf16_to_f32;
+    pp_q8_act_fn q8_act;
 };
 
 /* The best implementation for this CPU. PP_SIMD in the environment caps it: "portable", "avx2" or

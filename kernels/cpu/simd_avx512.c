@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "kernels/cpu/matmul_q8.h"
 #include "kernels/cpu/row_groups.h"
 #include "kernels/cpu/simd_x86.h"
 #include "kernels/cpu/simd_x86_direct.h"
@@ -405,10 +406,15 @@ DTILE_MR(q8_0, PP_DTYPE_Q8_0, 1) DTILE_MR(q8_0, PP_DTYPE_Q8_0, 2) DTILE_MR(q8_0,
 static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16),
                                          DTILE_TABLE(q8_0)};
 
+/* Q8_0 with VNNI where the CPU has it, else with the AVX2 dot products (set by avx512_init). */
+static pp_mm_rows_fn avx512_q8;
+
 static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                const struct pp_mm_scratch *s)
 {
-    if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS)
+    if (a->dtype == PP_DTYPE_Q8_0)
+        avx512_q8(a, r0, r1, s);
+    else if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS, zquads,
                       PP_MM_FOUR_GROUPS_MAX_TOKENS);
     else if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
@@ -426,6 +432,10 @@ static void avx512_init(void)
     avx512 = *pp__simd_avx2();
     avx512.name = "avx512";
     avx512.matmul_rows = matmul_rows_avx512;
+    __builtin_cpu_init();
+    avx512_q8 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")
+                    ? pp__mm_q8_vnni
+                    : pp__mm_q8_avx2;
 }
 
 #if defined(__clang__)

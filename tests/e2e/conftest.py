@@ -60,7 +60,8 @@ def reference(model, prompt_ids, force_ids, tmp_path, tag="ref"):
     dump = tmp_path / f"{tag}.logits"
     p = run([PYTHON, str(REFERENCE), "--model", str(model),
              "--prompt-ids", ",".join(map(str, prompt_ids)), "--max-tokens", str(len(force_ids)),
-             "--force-ids", ",".join(map(str, force_ids)), "--dump-logits", str(dump), "--json"])
+             "--force-ids", ",".join(map(str, force_ids)), "--dump-logits", str(dump), "--json",
+             "--q8-activations"])
     ids = json.loads(p.stdout.strip().split("\n")[-1])["ids"]
     return ids, np.fromfile(dump, dtype="<f4").reshape(len(force_ids), -1)
 

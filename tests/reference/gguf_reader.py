@@ -107,11 +107,42 @@ class TensorInfo:
         return GGML_TYPE_NAMES.get(self.ggml_type, f"ggml type {self.ggml_type}")
 
 
-class GGUFFile:
-    """Parsed header of a GGUF file; tensor data is read lazily from a read-only mmap."""
+class Q8Values(np.ndarray):
+    """The float64 values of a Q8_0 tensor, marked so that matmul() takes its activations in
+    int8 as ppserve's CPU engine does. Views (transposes, slices, reshapes) keep the mark."""
 
-    def __init__(self, path):
+
+def q8_act(x):
+    """x as ppserve's Q8_0 matmul sees it (kernels/cpu/matmul_q8.h), as float64 values q * d:
+    per 32-value block of the last axis, in float32, d = max|x| / 127 and q = rint(x * (1 / d))
+    (half to even); a block with an inf or NaN gives NaN, one whose d is below the smallest
+    normal float32 gives zeros."""
+    x32 = np.asarray(x, dtype=np.float32)
+    b = x32.reshape(-1, Q8_0_BLOCK)
+    finite = np.all(np.isfinite(b), axis=1)
+    amax = np.where(finite, np.abs(np.where(np.isfinite(b), b, 0)).max(axis=1), 0)
+    d = (amax.astype(np.float32) / np.float32(127)).astype(np.float32)
+    ok = finite & (d >= np.finfo(np.float32).tiny)
+    inv = (np.float32(1) / np.where(ok, d, np.float32(1))).astype(np.float32)
+    q = np.rint((b * inv[:, None]).astype(np.float32)) * ok[:, None]
+    scale = np.where(finite, np.where(ok, d, 0), np.nan).astype(np.float64)
+    return (q.astype(np.float64) * scale[:, None]).reshape(x32.shape)
+
+
+def matmul(x, w):
+    """x @ w.T; a Q8_0 weight (Q8Values) takes x through q8_act first."""
+    if isinstance(w, Q8Values):
+        x = q8_act(x)
+    return np.asarray(x, dtype=np.float64) @ np.asarray(w).T
+
+
+class GGUFFile:
+    """Parsed header of a GGUF file; tensor data is read lazily from a read-only mmap. With
+    q8_activations, Q8_0 tensors come back as Q8Values."""
+
+    def __init__(self, path, q8_activations=False):
         self.path = path
+        self.q8_activations = q8_activations
         if os.path.getsize(path) < 24:
             raise GGUFError(f"{path}: too short for a GGUF header")
         with open(path, "rb") as f:
@@ -188,6 +219,8 @@ class GGUFFile:
 
         if t == GGML_Q8_0:
             vals = raw["d"].astype(np.float64)[:, None] * raw["q"].astype(np.float64)
+            if self.q8_activations:
+                vals = vals.view(Q8Values)
         elif t == GGML_BF16:
             # bf16 is the upper half of an IEEE float32.
             vals = (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)

@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_reader import GGUFError, GGUFFile  # noqa: E402
+from gguf_reader import GGUFError, GGUFFile, matmul  # noqa: E402
 from safetensors_reader import SafetensorsError, SafetensorsModel  # noqa: E402
 import moe_ref  # noqa: E402
 
@@ -115,7 +115,7 @@ def silu(x):
 
 
 def linear(x, w, b=None):
-    y = x @ w.T
+    y = matmul(x, w)
     return y if b is None else y + b
 
 
@@ -212,10 +212,10 @@ class LlamaRef:
 
     def logits(self, ids):
         """Logits (T, vocab) at every position."""
-        return self.hidden_states(ids) @ self.lm_head.T
+        return matmul(self.hidden_states(ids), self.lm_head)
 
     def last_logits(self, ids):
-        return self.hidden_states(ids)[-1] @ self.lm_head.T
+        return matmul(self.hidden_states(ids)[-1], self.lm_head)
 
     def generate(self, prompt_ids, max_tokens, force_ids=None):
         """Greedy decode. Returns (argmax ids, logits rows). With force_ids, step i appends
@@ -334,8 +334,8 @@ def load_hf(path):
     return LlamaRef(cfg, embed, final_norm, lm_head, layers)
 
 
-def load_gguf(path):
-    g = GGUFFile(path)
+def load_gguf(path, q8_activations=False):
+    g = GGUFFile(path, q8_activations)
     md = g.metadata
     arch = md.get("general.architecture")
     if arch not in ("llama", "qwen2", "qwen2moe"):
@@ -422,7 +422,9 @@ def load_gguf(path):
     return LlamaRef(cfg, embed, final_norm, lm_head, layers)
 
 
-def load_model(path):
+def load_model(path, q8_activations=False):
+    """The model at path; q8_activations: matmuls by Q8_0 weights take their activations in int8,
+    as ppserve's CPU engine does (gguf_reader.q8_act)."""
     if os.path.isdir(path):
         return load_hf(path)
     if not os.path.isfile(path):
@@ -430,7 +432,7 @@ def load_model(path):
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic == b"GGUF":
-        return load_gguf(path)
+        return load_gguf(path, q8_activations)
     raise ModelError(f"{path}: neither an HF directory nor a GGUF file")
 
 
@@ -457,6 +459,9 @@ def main(argv=None):
     ap.add_argument("--dump-logits", metavar="FILE",
                     help="write one row of little-endian float32 logits per step")
     ap.add_argument("--json", action="store_true", help='print {"ids":[...]} on one line')
+    ap.add_argument("--q8-activations", action="store_true",
+                    help="matmuls by Q8_0 weights quantize their activations to int8 in 32-value "
+                         "blocks first, as ppserve's CPU engine does")
     ap.add_argument("--dump-routing", metavar="FILE",
                     help="MoE: write the tokens routed to each expert of every layer, over the "
                          "tokens an engine feeds (the prompt and every generated id but the last) "
@@ -473,7 +478,7 @@ def main(argv=None):
         if force is not None and len(force) != args.max_tokens:
             raise ModelError(f"--force-ids has {len(force)} ids, --max-tokens is "
                              f"{args.max_tokens}")
-        model = load_model(args.model)
+        model = load_model(args.model, args.q8_activations)
         n_embed = model.embed.shape[0]
         for t in prompt + (force or []):
             if not 0 <= t < n_embed:

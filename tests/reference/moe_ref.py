@@ -11,6 +11,8 @@ Top-k ties go to the lower expert index (a stable sort).
 
 import numpy as np
 
+from gguf_reader import matmul
+
 
 class MoEError(Exception):
     """An MoE checkpoint this reference does not support, or an inconsistent one."""
@@ -25,7 +27,7 @@ def _sigmoid(x):
 
 
 def _mlp(h, wg, wu, wd):
-    return (_silu(h @ wg.T) * (h @ wu.T)) @ wd.T
+    return matmul(_silu(matmul(h, wg)) * matmul(h, wu), wd)
 
 
 def _softmax(z):
@@ -47,7 +49,7 @@ def route(logits, k, renormalise):
 def moe_ffn(h, moe):
     """The MoE FFN of normalised hidden states h (T, dim)."""
     renorm = moe["kind"] == "mixtral" or moe["norm_topk_prob"]
-    experts, weights = route(h @ moe["router"].T, moe["k"], renorm)
+    experts, weights = route(matmul(h, moe["router"]), moe["k"], renorm)
     out = np.zeros_like(h)
     for e, (wg, wu, wd) in enumerate(moe["experts"]):
         rows, slot = np.nonzero(experts == e)
@@ -62,7 +64,7 @@ def moe_ffn(h, moe):
 def routed_counts(h, moe):
     """Tokens routed to each expert, for h (T, dim)."""
     renorm = moe["kind"] == "mixtral" or moe["norm_topk_prob"]
-    experts, _ = route(h @ moe["router"].T, moe["k"], renorm)
+    experts, _ = route(matmul(h, moe["router"]), moe["k"], renorm)
     return np.bincount(experts.reshape(-1), minlength=len(moe["experts"]))
 
 

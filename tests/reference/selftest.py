@@ -24,6 +24,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import llama_ref  # noqa: E402
+import gguf_reader  # noqa: E402
 from gguf_reader import GGUFFile  # noqa: E402
 
 TOL = 1e-9
@@ -569,6 +570,26 @@ def main():
                                                                           "F32"))])
     diff = rel_err(naive_logits(sH, WH, SEQ), naive_logits(sH, WH, SEQ, window=None))
     check(diff > 1e-3, "H window actually changes logits", f"rel={diff:.2e}")
+
+    # I. Q8_0 activations in int8 (--q8-activations, ppserve's CPU engine): the rule at its
+    #    edges, matmul() applies it to Q8_0 weights only, and a model's logits move a little.
+    blk = np.array([-127.0] + [i - 16 + 0.5 for i in range(1, 32)])
+    qv = gguf_reader.q8_act(np.stack([blk, np.zeros(32), np.full(32, 1e-40),
+                                      np.where(np.arange(32) == 5, np.inf, 1.0)]))
+    ok = (qv[0, 0] == -127 and list(qv[0, 13:19]) == [-2, -2, 0, 0, 2, 2] and qv[0, 31] == 16
+          and not qv[1].any() and not qv[2].any() and np.isnan(qv[3]).all())
+    check(ok, "I q8_act: ties to even, zero and denormal blocks, inf gives NaN", f"{qv[0, 13:19]}")
+    wq8 = (rng.standard_normal((5, 64)) * 0.1).view(gguf_reader.Q8Values)
+    xa = rng.standard_normal((3, 64))
+    ok = (np.array_equal(gguf_reader.matmul(xa, wq8), gguf_reader.q8_act(xa) @ np.asarray(wq8).T)
+          and not np.array_equal(gguf_reader.q8_act(xa), xa)
+          and np.array_equal(gguf_reader.matmul(xa, np.asarray(wq8)), xa @ np.asarray(wq8).T))
+    check(ok, "I matmul quantizes activations for Q8_0 weights only")
+    plain = llama_ref.load_model(P("D_llama.gguf")).logits(SEQ)
+    q8 = llama_ref.load_model(P("D_llama.gguf"), q8_activations=True).logits(SEQ)
+    diff = rel_err(q8, plain)
+    check(1e-6 < diff < 5e-2, "I Q8_0 model with int8 activations: close, not identical",
+          f"rel={diff:.2e}")
 
     # CLI contract.
     m = llama_ref.load_model(ggA)

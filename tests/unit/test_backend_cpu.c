@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/matmul_q8.h"
 #include "kernels/cpu/simd.h"
 
 #define N_BE 4 /* backends with 1, 2, 3 and 4 threads */
@@ -155,6 +156,24 @@ static void matmul_ref(double *y, double *mag, const float *x, const float *w, i
         }
 }
 
+/* The activations as the matmul of dt sees them: for Q8_0 in int8 (kernels/cpu/matmul_q8.h), each
+ * value q · d back in f32; for the other dtypes a copy. */
+static float *q8_act_values(const float *x, enum pp_dtype dt, int64_t n, int64_t cols)
+{
+    float *v = malloc((size_t)(n * cols) * sizeof(float));
+    assert_non_null(v);
+    memcpy(v, x, (size_t)(n * cols) * sizeof(float));
+    if (dt != PP_DTYPE_Q8_0)
+        return v;
+    int8_t q[PP_Q8_0_BLOCK];
+    for (int64_t i = 0; i < n * cols; i += PP_Q8_0_BLOCK) {
+        float d = pp__q8_act_block(q, x + i);
+        for (int e = 0; e < PP_Q8_0_BLOCK; e++)
+            v[i + e] = (float)q[e] * d;
+    }
+    return v;
+}
+
 /* One shape on every backend: close to the reference, and the same bits on all thread counts and
  * from the weight in row groups. */
 static void check_matmul(struct pp_backend *be[N_BE], enum pp_dtype dt, int64_t rows, int64_t cols,
@@ -166,7 +185,9 @@ static void check_matmul(struct pp_backend *be[N_BE], enum pp_dtype dt, int64_t 
     double *ref = malloc((size_t)(n * rows) * sizeof(double));
     double *mag = malloc((size_t)(n * rows) * sizeof(double));
     float *y[N_BE];
-    matmul_ref(ref, mag, x, tw.deq, n, rows, cols);
+    float *xr = q8_act_values(x, dt, n, cols);
+    matmul_ref(ref, mag, xr, tw.deq, n, rows, cols);
+    free(xr);
     for (int b = 0; b < N_BE; b++) {
         y[b] = malloc((size_t)(n * rows) * sizeof(float));
         be[b]->ops->matmul(be[b], y[b], x, &tw.w, n);

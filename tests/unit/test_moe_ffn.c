@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "kernels/cpu/matmul_q8.h"
 #include "model/executor.h"
 #include "model/model.h"
 #include "model/moe_ffn.h"
@@ -198,19 +199,27 @@ static void fill(float *x, int64_t n, uint32_t seed)
     }
 }
 
-/* The routed pairs counted from the router's rows in double precision, softmax then top-k. */
+/* The routed pairs counted from the router's rows in double precision, softmax then top-k; a Q8_0
+ * router multiplies the activations in int8 (kernels/cpu/matmul_q8.h), so these do too. */
 static void recount(const struct pp_model_config *c, const struct pp_weight *router,
                     const float *x, int64_t T, int64_t *counts)
 {
     float row[DIM];
+    double xv[DIM];
     int64_t row_bytes = pp_dtype_row_bytes(router->dtype, router->cols);
     for (int64_t t = 0; t < T; t++) {
         double logit[16];
+        for (int i = 0; i < DIM; i += PP_Q8_0_BLOCK) {
+            int8_t q[PP_Q8_0_BLOCK];
+            float d = pp__q8_act_block(q, x + t * DIM + i);
+            for (int e = 0; e < PP_Q8_0_BLOCK; e++)
+                xv[i + e] = router->dtype == PP_DTYPE_Q8_0 ? (double)q[e] * d : x[t * DIM + i + e];
+        }
         for (int32_t e = 0; e < c->n_experts; e++) {
             pp_row_to_f32(row, (const uint8_t *)router->data + e * row_bytes, router->dtype, DIM);
             logit[e] = 0;
             for (int i = 0; i < DIM; i++)
-                logit[e] += (double)row[i] * x[t * DIM + i];
+                logit[e] += (double)row[i] * xv[i];
         }
         int taken[16] = {0};
         for (int32_t j = 0; j < c->n_experts_used; j++) {

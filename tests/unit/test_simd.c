@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/matmul_q8.h"
 #include "kernels/cpu/row_groups.h"
 #include "kernels/cpu/simd.h"
 #include "testutil.h"
@@ -166,8 +167,32 @@ static void test_exp_shift_match(void **state)
     }
 }
 
+/* Token t's output for one row-major Q8_0 row, as kernels/cpu/matmul_q8.h defines it: per block
+ * and lane, the exact int32 sum of four products, then one fmaf with the two scales' product. */
+static float q8_reference(const char *wrow, const struct pp_mm_args *a, int64_t t)
+{
+    int64_t blocks = a->cols / PP_Q8_0_BLOCK;
+    const int8_t *xq = a->xq + t * a->cols;
+    const float *xd = a->xd + t * blocks;
+    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t b = 0; b < blocks; b++) {
+        const char *blk = wrow + b * PP_Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        float scale = pp_f16_to_f32(h) * xd[b];
+        for (int j = 0; j < 8; j++) {
+            int32_t sum = 0;
+            for (int e = 0; e < 4; e++)
+                sum += (int8_t)blk[2 + 4 * j + e] * xq[b * PP_Q8_0_BLOCK + 4 * j + e];
+            lane[j] = fmaf((float)sum, scale, lane[j]);
+        }
+    }
+    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
 /* One matmul of the weights w (rows × cols stored as dt) and random activations through both
- * tables: the same bits, and each element equal to pp__dot of the exactly converted weight row; the
+ * tables: the same bits, and each element equal to pp__dot of the exactly converted weight row
+ * (Q8_0: to q8_reference over the activations in int8, which both tables quantize alike); the
  * fast table also from the weights in row groups, as the backend stores them, in chunks of whole
  * groups. */
 static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t cols, int64_t n,
@@ -185,12 +210,25 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
         x[i] = frand(seed) * 3.0f;
     struct pp_mm_args a = {y1, x, cols, w, dt, rows, cols, n, rb};
     struct pp_mm_scratch s = {row, panel, acc};
+    /* Q8_0: the activations in int8, the same bytes from both tables' quantization */
+    size_t qbytes = (size_t)pp__q8_act_bytes(n, cols);
+    void *qbuf = malloc(qbytes), *qfast = malloc(qbytes);
+    if (dt == PP_DTYPE_Q8_0) {
+        struct pp_mm_args f = a;
+        pp__q8_act_bind(&a, qbuf);
+        pp__q8_act_fill(&a, port->q8_act, 0, n);
+        pp__q8_act_bind(&f, qfast);
+        pp__q8_act_fill(&f, fast->q8_act, 0, n);
+        assert_memory_equal(qbuf, qfast, qbytes);
+    }
     a.y = y2;
     port->matmul_rows(&a, 0, rows, &s);
     a.y = y1;
     char *wg = malloc((size_t)(rows * rb));
     pp__row_groups_pack(wg, w, dt, rows, cols);
     struct pp_mm_args g = {y1, x, cols, wg, dt, rows, cols, n, rb, 1};
+    g.xq = a.xq;
+    g.xd = a.xd;
     int64_t gchunk = (chunk + PP_ROW_GROUP - 1) / PP_ROW_GROUP * PP_ROW_GROUP;
     /* prefetching into L1 or L2 changes no bit either */
     for (int l2 = 0; l2 < 2; l2++) {
@@ -224,10 +262,13 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
     for (int64_t r = 0; r < rows; r++) {
         pp_row_to_f32(row, w + r * rb, dt, cols);
         for (int64_t t = 0; t < n; t++) {
-            float d = pp__dot(row, x + t * cols, cols);
+            float d = dt == PP_DTYPE_Q8_0 ? q8_reference(w + r * rb, &a, t)
+                                          : pp__dot(row, x + t * cols, cols);
             assert_memory_equal(&d, &y1[t * rows + r], sizeof(float));
         }
     }
+    free(qbuf);
+    free(qfast);
     free(x);
     free(y1);
     free(y2);
@@ -429,6 +470,48 @@ static void test_conversions_match(void **state)
     free(b);
 }
 
+/* The activations' int8 rule (kernels/cpu/matmul_q8.h) at its edges, the same bytes from both
+ * tables: ties round to even, the largest magnitude becomes ±127, an inf or a NaN makes the
+ * block's scale NaN and its values 0, an all-zero or all-denormal block has scale 0, and a random
+ * block comes back within half a step. */
+static void test_q8_act_rule(void **state)
+{
+    (void)state;
+    enum { B = 6, C = B * PP_Q8_0_BLOCK };
+    const struct pp_simd *fast = pp_simd_get(), *port = pp_simd_portable();
+    float x[C];
+    unsigned seed = 3;
+    for (int i = 0; i < PP_Q8_0_BLOCK; i++)
+        x[i] = (float)(i - 16) + 0.5f; /* block 0: scale 1 (amax 127 below), every value a tie */
+    x[0] = -127.0f;
+    for (int i = PP_Q8_0_BLOCK; i < C; i++)
+        x[i] = i < 3 * PP_Q8_0_BLOCK ? (i < 2 * PP_Q8_0_BLOCK ? 0.0f : 1e-40f) : frand(&seed);
+    x[3 * PP_Q8_0_BLOCK + 5] = INFINITY;
+    x[4 * PP_Q8_0_BLOCK + 30] = NAN;
+    int8_t qa[C], qb[C];
+    float da[B], db[B];
+    port->q8_act(qa, da, x, C);
+    fast->q8_act(qb, db, x, C);
+    assert_memory_equal(qa, qb, sizeof(qa));
+    for (int b = 0; b < B; b++)
+        assert_true(memcmp(&da[b], &db[b], sizeof(float)) == 0 || (da[b] != da[b] && db[b] != db[b]));
+    assert_true(da[0] == 1.0f);
+    assert_int_equal(qa[0], -127);
+    const int ties[][2] = {{16, 0}, {17, 2}, {18, 2}, {15, 0}, {14, -2}, {13, -2}, {31, 16}};
+    for (size_t i = 0; i < sizeof(ties) / sizeof(ties[0]); i++)
+        assert_int_equal(qa[ties[i][0]], ties[i][1]);
+    assert_true(da[1] == 0.0f && da[2] == 0.0f);
+    assert_true(da[3] != da[3] && da[4] != da[4]);
+    for (int i = PP_Q8_0_BLOCK; i < 5 * PP_Q8_0_BLOCK; i++)
+        assert_int_equal(qa[i], 0);
+    int top = 0;
+    for (int i = 5 * PP_Q8_0_BLOCK; i < C; i++) {
+        assert_true(fabsf((float)qa[i] * da[5] - x[i]) <= 0.5f * da[5] * (1.0f + 1e-6f));
+        top |= qa[i] == 127 || qa[i] == -127;
+    }
+    assert_true(top);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -442,6 +525,7 @@ int main(void)
         cmocka_unit_test(test_direct_all_token_counts),
         cmocka_unit_test(test_direct_four_groups),
         cmocka_unit_test(test_q8_0_edges),
+        cmocka_unit_test(test_q8_act_rule),
         cmocka_unit_test(test_conversions_match),
     };
     /* every vector table this CPU can run, each against the portable one (PP_SIMD caps the table

@@ -1,0 +1,58 @@
+/* Q8_0 matmul in integers. Each token's activations are quantized to int8 in 32-element blocks
+ * first, as Q8_0 weights are, and a block's products are summed exactly in int32 before one f32
+ * multiply-add applies both scales: int8 dot products (AVX-512 VNNI vpdpbusd, or AVX2
+ * vpmaddubsw + vpmaddwd) do 32 multiply-adds where the f32 form converted and scaled each weight
+ * first, which bounded a core at about 19 GB/s of Q8_0 weights on the Zen 4 host (docs/benchmarks.md).
+ *
+ * The canonical arithmetic, which every path (portable, AVX2, AVX-512) gives bit for bit:
+ *  - activations: per block of 32 floats x, amax = max |x|; a block holding an inf or NaN gets
+ *    d = NaN and q = 0 (so its outputs are NaN); otherwise d = amax / 127 (f32 division), and when
+ *    d < FLT_MIN (an all-zero or all-denormal block) d = 0 and q = 0, else
+ *    q = rint(x · (1 / d)) (round half to even), which lies in [-127, 127];
+ *  - y = merge8(lanes) (pp__merge8, the same fixed merge as pp__dot) where, for each block b in
+ *    increasing order and each lane j in 0-7, s = Σ_{e<4} w_q[32b + 4j + e] · x_q[32b + 4j + e]
+ *    (int32, exact) and lane_j = fmaf((float)s, d_w[b] · d_x[b], lane_j), the scale product
+ *    rounded to f32 once.
+ * Only integers are summed before the scales, so a thread count, a batch composition, a row layout
+ * or an instruction set never changes a bit. */
+#ifndef PP_CPU_MATMUL_Q8_H
+#define PP_CPU_MATMUL_Q8_H
+
+#include <stdint.h>
+
+#include "kernels/cpu/simd.h"
+
+/* Bytes of activations in int8 for n tokens of cols. */
+static inline int64_t pp__q8_act_bytes(int64_t n, int64_t cols)
+{
+    return n * cols + n * (cols / 32) * (int64_t)sizeof(float);
+}
+
+/* Points a->xq and a->xd into buf (pp__q8_act_bytes(a->n, a->cols) bytes). */
+void pp__q8_act_bind(struct pp_mm_args *a, void *buf);
+/* Quantizes tokens [t0, t1) of a->x into the buffer bound to a. */
+void pp__q8_act_fill(const struct pp_mm_args *a, pp_q8_act_fn act, int64_t t0, int64_t t1);
+
+/* The canonical quantization of one block of 32 floats; returns its scale. */
+float pp__q8_act_block(int8_t *q, const float *x);
+void pp__q8_act_portable(int8_t *q, float *d, const float *x, int64_t cols);
+
+/* Rows [r0, r1) of a Q8_0 matmul whose a->xq, a->xd hold the activations in int8. */
+void pp__mm_q8_portable(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                        const struct pp_mm_scratch *s);
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The same with AVX2 (vpmaddubsw) and with AVX-512 VNNI (vpdpbusd on ymm), and the AVX2
+ * quantization. Callers check the CPU's features. */
+void pp__mm_q8_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                    const struct pp_mm_scratch *s);
+void pp__mm_q8_vnni(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                    const struct pp_mm_scratch *s);
+void pp__q8_act_avx2(int8_t *q, float *d, const float *x, int64_t cols);
+#endif
+
+/* Where row r's block 0 of a Q8_0 weight lives: its int8 at *q, its scale at *d, each later block
+ * stride bytes on (row groups or row-major, as a->grouped says). */
+void pp__q8_row_at(const struct pp_mm_args *a, int64_t r, const char **q, const char **d,
+                   int64_t *stride);
+
+#endif

@@ -1,0 +1,36 @@
+/* The Q8_0 integer matmul (kernels/cpu/matmul_q8.h) with AVX-512 VNNI: one vpdpbusd (on ymm,
+ * AVX-512VL) sums four byte products per lane into int32, the activations biased to unsigned.
+ * Its 32 registers take one token over four row groups (12 rows, four streams of weights) and
+ * more tokens 4 at a time. */
+#include "kernels/cpu/matmul_q8.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                                     \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))),                \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+#endif
+
+#define Q8_BIAS 1
+#define Q8_DPBUSD(acc, u, w) _mm256_dpbusd_epi32(acc, u, w)
+#define Q8_STREAMS_ONE 4
+#define Q8_TOKENS 4
+#include "kernels/cpu/matmul_q8_x86.h"
+
+void pp__mm_q8_vnni(const struct pp_mm_args *a, int64_t r0, int64_t r1,
+                    const struct pp_mm_scratch *s)
+{
+    q8_rows(a, r0, r1, s);
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif
