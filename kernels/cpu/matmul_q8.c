@@ -70,12 +70,12 @@ void pp__q8_row_at(const struct pp_mm_args *a, int64_t r, const char **q, const 
 }
 
 /* One output element in the canonical order. */
-static float q8_dot(const char *q, const char *d, int64_t stride, const int8_t *xq,
+static float q8_dot(const char *q, const char *d, int64_t stride, int bias, const int8_t *xq,
                     const float *xd, int64_t blocks)
 {
     float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t b = 0; b < blocks; b++) {
-        const int8_t *w = (const int8_t *)(q + b * stride);
+        const char *w = q + b * stride;
         const int8_t *x = xq + b * PP_Q8_0_BLOCK;
         uint16_t h;
         memcpy(&h, d + b * stride, sizeof(h));
@@ -83,7 +83,7 @@ static float q8_dot(const char *q, const char *d, int64_t stride, const int8_t *
         for (int j = 0; j < 8; j++) {
             int32_t s = 0;
             for (int e = 0; e < 4; e++)
-                s += (int32_t)w[4 * j + e] * x[4 * j + e];
+                s += (int32_t)(int8_t)(w[4 * j + e] ^ bias) * x[4 * j + e];
             lane[j] = fmaf((float)s, scale, lane[j]);
         }
     }
@@ -100,7 +100,7 @@ void pp__mm_q8_portable(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         int64_t stride;
         pp__q8_row_at(a, r, &q, &d, &stride);
         for (int64_t t = 0; t < a->n; t++)
-            a->y[t * a->rows + r] =
-                q8_dot(q, d, stride, a->xq + t * a->cols, a->xd + t * blocks, blocks);
+            a->y[t * a->rows + r] = q8_dot(q, d, stride, a->grouped ? PP_Q8_GROUP_BIAS : 0,
+                                           a->xq + t * a->cols, a->xd + t * blocks, blocks);
     }
 }

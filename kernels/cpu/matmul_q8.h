@@ -51,7 +51,8 @@ void pp__q8_act_avx2(int8_t *q, float *d, const float *x, int64_t cols);
 #endif
 
 /* Where row r's block 0 of a Q8_0 weight lives: its int8 at *q, its scale at *d, each later block
- * stride bytes on (row groups or row-major, as a->grouped says). */
+ * stride bytes on (row groups or row-major, as a->grouped says; grouped int8 are stored XOR
+ * PP_Q8_GROUP_BIAS, kernels/cpu/row_groups.h). */
 void pp__q8_row_at(const struct pp_mm_args *a, int64_t r, const char **q, const char **d,
                    int64_t *stride);
 

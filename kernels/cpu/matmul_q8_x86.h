@@ -4,9 +4,11 @@
  *  - Q8_BIAS 0: Q8_DOT(w, x) sums, per int32 lane, four products of signed bytes w and x by
  *    making |w| the unsigned operand and x negated where w < 0 the signed one (vpsignb), so each
  *    product is w · x and a pair of them stays within int16 (2 · 128 · 127 < 2^15), as vpmaddubsw
- *    needs; Q8_BIAS 1: Q8_DPBUSD(acc, u, w) adds to acc the products of unsigned u and signed w
- *    (vpdpbusd): the activations go in as x + 128 (x XOR 0x80) and each row block's sum
- *    128 · Σ w, counted once per block, starts the token's sum negated;
+ *    needs (grouped weights, stored w + 128, are XORed back first); Q8_BIAS 1:
+ *    Q8_DPBUSD(acc, u, s) adds to acc the products of unsigned u and signed s (vpdpbusd): grouped
+ *    weights go in as stored (w + 128) with the activations x, and the token's block sum
+ *    128 · Σ x, counted once per block, starts the sum negated; row-major weights go in as they
+ *    are with x + 128, and the row block's 128 · Σ w starts it;
  *  - Q8_STREAMS_ONE: row streams per tile for one token; Q8_TOKENS: tokens per tile beyond one.
  *
  * A ymm register holds one output element's eight lanes, as in the f32 kernels. Row groups
@@ -26,8 +28,9 @@
 
 #define Q8_AI static inline __attribute__((always_inline))
 
-/* Bytes ahead of a stream that one-token tiles prefetch (as the f32 few-token nest with its L2
- * prefetch). */
+/* Bytes ahead of a stream that one-token tiles prefetch: two threads, one token, from memory
+ * (pp_bench_matmul), 4096 streamed 76-83% of the read bandwidth and 16384 87-91% (three rounds in
+ * alternation, in the host's slower moments); 8192 and 1024 were between. */
 #define Q8_PREFETCH 16384
 #define Q8_GROUP_Q 6 /* from a full group's unit to its row 0's int8 */
 
@@ -73,8 +76,20 @@ Q8_AI __m256 q8_lane(__m128 v, int i)
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(i));
 }
 
-/* S streams of G rows × T tokens from token t0. */
-Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int S, int G, int T,
+/* -128 · (the four-byte sums of signed s), per int32 lane. */
+Q8_AI __m256i q8_neg128sum(__m256i s)
+{
+#if Q8_BIAS
+    return _mm256_sub_epi32(_mm256_setzero_si256(), Q8_DPBUSD(_mm256_setzero_si256(),
+                                                               _mm256_set1_epi8((char)0x80), s));
+#else
+    (void)s;
+    return _mm256_setzero_si256();
+#endif
+}
+
+/* S streams of G rows × T tokens from token t0; WB: the weights stored biased (row groups). */
+Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int S, int G, int WB, int T,
                   int64_t t0)
 {
     __m256 acc[12][4];
@@ -91,16 +106,18 @@ Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int S, in
     const int64_t qo = G == 3 ? Q8_GROUP_Q : m->qoff;
     for (int64_t b = 0; b < blocks; b++) {
         int64_t off = b * m->stride;
-        __m256i xv[4];
+        __m256i xv[4], ncx[4];
         __m128 dx[4];
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
         {
             xv[t] = _mm256_loadu_si256((const __m256i *)(xq[t] + b * PP_Q8_0_BLOCK));
-#if Q8_BIAS
-            xv[t] = _mm256_xor_si256(xv[t], _mm256_set1_epi8((char)0x80));
-#endif
+            if (Q8_BIAS && WB)
+                ncx[t] = q8_neg128sum(xv[t]);
+            else if (Q8_BIAS)
+                xv[t] = _mm256_xor_si256(xv[t], _mm256_set1_epi8((char)0x80));
             dx[t] = _mm_broadcast_ss(xd[t] + b);
         }
+        (void)ncx;
         if (T == 1) {
             _Pragma("GCC unroll 4") for (int s = 0; s < S; s++)
                 q8_prefetch(m->p[s] + off + Q8_PREFETCH, l2);
@@ -114,16 +131,16 @@ Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int S, in
             {
                 __m256i w = _mm256_loadu_si256((const __m256i *)(u + qo + i * PP_Q8_0_BLOCK));
 #if Q8_BIAS
-                __m256i nc = _mm256_sub_epi32(
-                    _mm256_setzero_si256(),
-                    Q8_DPBUSD(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
+                __m256i nc = WB ? _mm256_setzero_si256() : q8_neg128sum(w);
 #else
+                if (WB)
+                    w = _mm256_xor_si256(w, _mm256_set1_epi8((char)PP_Q8_GROUP_BIAS));
                 __m256i aw = _mm256_abs_epi8(w);
 #endif
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
                 {
 #if Q8_BIAS
-                    __m256i sum = Q8_DPBUSD(nc, xv[t], w);
+                    __m256i sum = WB ? Q8_DPBUSD(ncx[t], w, xv[t]) : Q8_DPBUSD(nc, xv[t], w);
 #else
                     __m256i sum = Q8_DOT(aw, _mm256_sign_epi8(xv[t], w));
 #endif
@@ -144,27 +161,30 @@ Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int S, in
     }
 }
 
-#define Q8_TILE(s, g, t)                                                                           \
-    __attribute__((noinline)) static void q8_tile_##s##_##g##_##t(                                 \
+#define Q8_TILE(s, g, wb, t)                                                                       \
+    __attribute__((noinline)) static void q8_tile_##s##_##g##_##wb##_##t(                          \
         const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                           \
     {                                                                                              \
-        q8_run(a, m, s, g, t, t0);                                                                 \
+        q8_run(a, m, s, g, wb, t, t0);                                                             \
     }
-#define Q8_TILES(g)                                                                                \
-    Q8_TILE(1, g, 1) Q8_TILE(1, g, 2) Q8_TILE(1, g, 3) Q8_TILE(1, g, 4)                             \
-        __attribute__((noinline)) static void q8_tile_many_##g##_1(                               \
+#define Q8_TILES(g, wb)                                                                            \
+    Q8_TILE(1, g, wb, 1) Q8_TILE(1, g, wb, 2) Q8_TILE(1, g, wb, 3) Q8_TILE(1, g, wb, 4)             \
+        __attribute__((noinline)) static void q8_tile_streams_##g##_##wb(                          \
             const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                       \
     {                                                                                              \
-        q8_run(a, m, Q8_STREAMS_ONE, g, 1, t0);                                                    \
+        q8_run(a, m, Q8_STREAMS_ONE, g, wb, 1, t0);                                                \
     }
-Q8_TILES(3)
-Q8_TILES(1)
+Q8_TILES(1, 0)
+Q8_TILES(1, 1)
+Q8_TILES(3, 1)
 
 typedef void (*q8_tile_fn)(const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0);
-/* [G == 3][T]: one stream; [G == 3][0]: Q8_STREAMS_ONE streams, one token */
-static const q8_tile_fn q8_tiles[2][5] = {
-    {q8_tile_many_1_1, q8_tile_1_1_1, q8_tile_1_1_2, q8_tile_1_1_3, q8_tile_1_1_4},
-    {q8_tile_many_3_1, q8_tile_1_3_1, q8_tile_1_3_2, q8_tile_1_3_3, q8_tile_1_3_4}};
+/* [layout][T]: rows row-major (signed), rows of a short last group (biased), whole groups;
+ * [.][0]: Q8_STREAMS_ONE streams, one token; [.][T]: one stream, T tokens */
+static const q8_tile_fn q8_tiles[3][5] = {
+    {q8_tile_streams_1_0, q8_tile_1_1_0_1, q8_tile_1_1_0_2, q8_tile_1_1_0_3, q8_tile_1_1_0_4},
+    {q8_tile_streams_1_1, q8_tile_1_1_1_1, q8_tile_1_1_1_2, q8_tile_1_1_1_3, q8_tile_1_1_1_4},
+    {q8_tile_streams_3_1, q8_tile_1_3_1_1, q8_tile_1_3_1_2, q8_tile_1_3_1_3, q8_tile_1_3_1_4}};
 
 static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     const struct pp_mm_scratch *scratch)
@@ -186,12 +206,13 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             m.qoff = q - d;
             m.row[s] = r + s * g;
         }
+        const q8_tile_fn *fn = q8_tiles[g == 3 ? 2 : a->grouped];
         if (S > 1)
-            q8_tiles[g == 3][0](a, &m, 0);
+            fn[0](a, &m, 0);
         else
             for (int64_t t0 = 0; t0 < a->n; t0 += Q8_TOKENS) {
                 int64_t nt = a->n - t0 < Q8_TOKENS ? a->n - t0 : Q8_TOKENS;
-                q8_tiles[g == 3][nt](a, &m, t0);
+                fn[nt](a, &m, t0);
             }
         r += S * g;
     }

@@ -19,19 +19,22 @@ static int64_t group_rows(int64_t rows, int64_t r)
     return rows - g0 < PP_ROW_GROUP ? rows - g0 : PP_ROW_GROUP;
 }
 
-/* Q8_0: row i's 34-byte block (scale, then 32 int8) into a group's unit, and back out. */
+/* Q8_0: row i's 34-byte block (scale, then 32 int8) into a group's unit, the int8 biased to
+ * unsigned (q XOR 0x80 = q + 128), and back out. */
 static void q8_block_put(char *unit, const struct pp_row_group *q, int64_t i, const char *block)
 {
     memcpy(unit + pp__q8_scale_at(q, i), block, 2);
-    for (int64_t s = 0; s < PP_Q8_0_BLOCK / 8; s++)
-        memcpy(unit + pp__q8_step_at(q, i, s), block + 2 + 8 * s, 8);
+    char *dst = unit + pp__q8_step_at(q, i, 0);
+    for (int64_t e = 0; e < PP_Q8_0_BLOCK; e++)
+        dst[e] = (char)(block[2 + e] ^ PP_Q8_GROUP_BIAS);
 }
 
 static void q8_block_get(char *block, const char *unit, const struct pp_row_group *q, int64_t i)
 {
     memcpy(block, unit + pp__q8_scale_at(q, i), 2);
-    for (int64_t s = 0; s < PP_Q8_0_BLOCK / 8; s++)
-        memcpy(block + 2 + 8 * s, unit + pp__q8_step_at(q, i, s), 8);
+    const char *src = unit + pp__q8_step_at(q, i, 0);
+    for (int64_t e = 0; e < PP_Q8_0_BLOCK; e++)
+        block[2 + e] = (char)(src[e] ^ PP_Q8_GROUP_BIAS);
 }
 
 void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t rows, int64_t cols)

@@ -9,8 +9,9 @@
  * [r · row_bytes, (r + g) · row_bytes). Only addresses change, never the arithmetic.
  *
  * A Q8_0 group's unit holds its g rows' blocks of one 32-element span: the g f16 scales first (row
- * i's at 2i), then the g rows' 32 int8 one row after the other (row i's at 2g + 32i). So a row's
- * block is one 32-byte load for the int8 kernels (kernels/cpu/matmul_q8.h). */
+ * i's at 2i), then the g rows' 32 int8 one row after the other (row i's at 2g + 32i), each stored
+ * as the unsigned byte q + 128 (q XOR PP_Q8_GROUP_BIAS). So a row's block is one 32-byte load, and
+ * the unsigned operand of vpdpbusd as it stands (kernels/cpu/matmul_q8.h). */
 #ifndef PP_CPU_ROW_GROUPS_H
 #define PP_CPU_ROW_GROUPS_H
 
@@ -20,6 +21,8 @@
 
 /* Rows per group: the few-token tile's 3 rows and the many-token micro-panel's 3. */
 #define PP_ROW_GROUP 3
+/* What grouped Q8_0 int8 are XORed with: stored q + 128, unsigned. */
+#define PP_Q8_GROUP_BIAS 0x80
 
 /* Elements and stored bytes of one unit. */
 static inline int64_t pp__unit_elems(enum pp_dtype dt)

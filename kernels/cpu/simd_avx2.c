@@ -3,10 +3,11 @@
  * every step is one fused multiply-add of eight consecutive elements, a ragged tail is one more
  * step with both operands zero-padded, and merge8 is the fixed lane merge.
  *
- * Matmul runs one of two loop nests over the same arithmetic:
+ * Matmul of f32, f16 and bf16 weights runs one of two loop nests over the same arithmetic (Q8_0
+ * runs in integers, kernels/cpu/matmul_q8.h):
  *  - up to PP_MM_DIRECT_MAX_TOKENS tokens (decode, small microbatches): weights are read straight
  *    from where the backend keeps them (row groups, kernels/cpu/row_groups.h, or row-major rows)
- *    and converted in registers (F16C, bf16 shift, int8 → f32 times the block scale); the
+ *    and converted in registers (F16C, bf16 shift); the
  *    reduction is cut into blocks of PP_MM_DIRECT_KB_FLOATS / n elements, and in each block every
  *    tile of rows (row-major: 4 rows × tiles of up to 3 tokens, or 3 rows × up to 4; row groups: 3
  *    rows × up to 4, or 6 rows for up to four tokens) covers all n tokens before the next, with
@@ -67,28 +68,25 @@
 #define DTILE_DT(name, dt)                                                                         \
     DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) DTILE(name, dt, 4, 1)       \
     DTILE(name, dt, 4, 2) DTILE(name, dt, 4, 3)
-/* the two-group tiles, which Q8_0, bound by its conversion, never takes (pp__mm_direct) */
+/* the two-group tiles */
 #define DTILE_TWO(name, dt)                                                                        \
     DTILE(name, dt, 6, 1) DTILE(name, dt, 6, 2) DTILE_ALT(name, dt, 3) DTILE_ALT(name, dt, 4)
 DTILE_DT(f32, PP_DTYPE_F32)
 DTILE_DT(f16, PP_DTYPE_F16)
 DTILE_DT(bf16, PP_DTYPE_BF16)
-DTILE_DT(q8_0, PP_DTYPE_Q8_0)
 DTILE_TWO(f32, PP_DTYPE_F32)
 DTILE_TWO(f16, PP_DTYPE_F16)
 DTILE_TWO(bf16, PP_DTYPE_BF16)
 #define TWO_ROW(name)                                                                              \
     {NULL, dtile_##name##_6x1, dtile_##name##_6x2, dtile_##name##_6x3, dtile_##name##_6x4}
-#define NO_TWO_ROW(name) {NULL, NULL, NULL, NULL, NULL}
 #define DTILE_TABLE(name, six)                                                                     \
     {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
      {NULL, dtile_##name##_4x1, dtile_##name##_4x2, dtile_##name##_4x3, NULL},                    \
      {NULL, NULL, NULL, NULL, NULL}, six(name)}
 
-/* [dtype][MR][NT] */
+/* [dtype][MR][NT]; Q8_0 runs in integers (kernels/cpu/matmul_q8.h) */
 static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32, TWO_ROW), DTILE_TABLE(f16, TWO_ROW),
-                                         DTILE_TABLE(bf16, TWO_ROW),
-                                         DTILE_TABLE(q8_0, NO_TWO_ROW)};
+                                         DTILE_TABLE(bf16, TWO_ROW)};
 
 void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s)
@@ -116,7 +114,7 @@ AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t
             /* the group's rows side by side, so that the panel is written in order (2-6% faster
              * at 128 tokens than one row after another) */
             int64_t s = 0;
-            if (nr == PP_ROW_GROUP && a->grouped && dt != PP_DTYPE_Q8_0) {
+            if (nr == PP_ROW_GROUP && a->grouped) {
                 /* a step's three units are adjacent, as they are in the panel: one pointer walks
                  * the run (k0 is a multiple of 8) */
                 const char *u = gb + k0 / 8 * q.unit_stride;
@@ -125,22 +123,6 @@ AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t
                     _Pragma("GCC unroll 3")
                     for (int i = 0; i < PP_ROW_GROUP; i++)
                         _mm256_storeu_ps(d + i * 8, ld_unit(u + i * q.row_off, dt));
-            } else if (nr == PP_ROW_GROUP && a->grouped) {
-                /* Q8_0: a unit's three scales once, then its four steps, each the three rows'
-                 * int8 side by side (k0 and full are whole blocks) */
-                const uint8_t *u = (const uint8_t *)gb + k0 / PP_Q8_0_BLOCK * q.unit_stride;
-                for (; s * 8 < full; s += 4, u += q.unit_stride) {
-                    __m256 d[PP_ROW_GROUP];
-                    _Pragma("GCC unroll 3")
-                    for (int i = 0; i < PP_ROW_GROUP; i++)
-                        d[i] = _mm256_set1_ps(q8_scale(u + pp__q8_scale_at(&q, i)));
-                    _Pragma("GCC unroll 4")
-                    for (int t = 0; t < 4; t++)
-                        _Pragma("GCC unroll 3")
-                        for (int i = 0; i < PP_ROW_GROUP; i++)
-                            _mm256_storeu_ps(pp + (s + t) * mr * 8 + i * 8,
-                                             ld_q8(u + pp__q8_step_at(&q, i, t), d[i]));
-                }
             } else if (nr == PP_ROW_GROUP) {
                 for (; s * 8 < full; s++)
                     _Pragma("GCC unroll 3")
@@ -183,12 +165,6 @@ static void pack_bf16(float *p, const struct pp_mm_args *a, int64_t r, int64_t m
                       int64_t kl, int mr)
 {
     pack(p, a, PP_DTYPE_BF16, r, mc, k0, kl, mr);
-}
-
-static void pack_q8_0(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
-                      int64_t kl, int mr)
-{
-    pack(p, a, PP_DTYPE_Q8_0, r, mc, k0, kl, mr);
 }
 
 /* The AVX2 micro-tile: MR rows × NR tokens of accumulators (12) + MR weight registers + one
@@ -337,10 +313,10 @@ AI void panel_src_prefetch(struct panel_src *ps, int64_t count)
 void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s, const struct pp_mm_micro *k)
 {
-    pack_fn packer = a->dtype == PP_DTYPE_F32    ? pack_f32
-                     : a->dtype == PP_DTYPE_F16  ? pack_f16
-                     : a->dtype == PP_DTYPE_BF16 ? pack_bf16
-                                                 : pack_q8_0;
+    /* f32, f16 and bf16: Q8_0 runs in integers (kernels/cpu/matmul_q8.h) */
+    pack_fn packer = a->dtype == PP_DTYPE_F32   ? pack_f32
+                     : a->dtype == PP_DTYPE_F16 ? pack_f16
+                                                : pack_bf16;
     int64_t cols = a->cols, mr = k->mr, nr = k->nr, mc = k->mc;
     for (int64_t t0 = 0; t0 < a->n; t0 += k->nc) {
         int64_t nc = a->n - t0 < k->nc ? a->n - t0 : k->nc;

@@ -6,7 +6,8 @@
  * packed f32 panels of the AVX2 nest. The few-token nest is the AVX2 one
  * (kernels/cpu/simd_x86_direct.h) built here, with a 6-row tile of zmm row pairs that reads two row
  * groups at once for 1-20 tokens, and the same tile over four groups (12 rows) for 1-4 tokens of
- * f32, f16 and bf16; the other loops (and weights not in row groups) are the AVX2 ones. */
+ * f32, f16 and bf16; the other loops (and weights not in row groups) are the AVX2 ones. Q8_0
+ * runs in integers, with VNNI where the CPU has it (kernels/cpu/matmul_q8.h). */
 #include "kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -283,77 +284,14 @@ AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT, int NP)
     ztile_finish(m, acc, NT, NP);
 }
 
-/* Sixteen int8 weights as f32, each times its lane's scale (d·q, exact in f32, as ld_q8). */
-AI __m512 q8_cvt16(__m128i q, __m512 d)
-{
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
-}
-
-/* ztile_run over Q8_0 row groups: the same row pairs, one scale pair per 32-element block and four
- * steps under it. A group's unit keeps its rows' steps side by side (kernels/cpu/row_groups.h), so
- * pairs (0,1) of A and (1,2) of B are each one 16-byte load and one sign extension; the pair of
- * A's row 2 and B's row 0 takes two loads and a shuffle. The six scales come from the two units'
- * first bytes (their three f16 each, and one byte pair past them unused) in one conversion. */
-AI void ztile_q8_run(const struct dtile *m, int NT)
-{
-    const float *xp[4];
-    __m512 acc[3][4];
-    /* whole groups (the 6-row tiles' are): constant offsets, which spare registers */
-    const struct pp_row_group whole = pp__row_group(PP_DTYPE_Q8_0, PP_Q8_0_BLOCK, 1, 3);
-    const struct pp_row_group *g = &whole;
-    int64_t go = m->grp_off;
-    ztile_start(m, xp, acc, NT, 3);
-    /* the scales of rows (A0, A1), (A2, B0), (B1, B2) among [A0 A1 A2 - B0 B1 B2 -] */
-    const __m512i pair[3] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                             _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4),
-                             _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6)};
-    int64_t kend = m->k0 + m->full;
-    const char *ua = m->w + m->k0 / PP_Q8_0_BLOCK * g->unit_stride;
-    for (int64_t k = m->k0; k < kend; k += PP_Q8_0_BLOCK, ua += g->unit_stride) {
-        const char *ub = ua + go;
-        if (m->pf)
-            dtile_prefetch(m, ua, PP_DTYPE_Q8_0, 6);
-        __m128d h = _mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)ua));
-        __m512 f = _mm512_castps256_ps512(
-            _mm256_cvtph_ps(_mm_castpd_si128(_mm_loadh_pd(h, (const double *)ub))));
-        __m512 d[3];
-        _Pragma("GCC unroll 3")
-        for (int q = 0; q < 3; q++)
-            d[q] = _mm512_permutexvar_ps(pair[q], f);
-        _Pragma("GCC unroll 4")
-        for (int s = 0; s < PP_Q8_0_BLOCK / 8; s++) {
-            __m128d lo =
-                _mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)(ua + pp__q8_step_at(g, 2, s))));
-            __m512 w[3] = {
-                q8_cvt16(_mm_loadu_si128((const __m128i *)(ua + pp__q8_step_at(g, 0, s))), d[0]),
-                q8_cvt16(_mm_castpd_si128(
-                             _mm_loadh_pd(lo, (const double *)(ub + pp__q8_step_at(g, 0, s)))),
-                         d[1]),
-                q8_cvt16(_mm_loadu_si128((const __m128i *)(ub + pp__q8_step_at(g, 1, s))), d[2])};
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < NT; j++) {
-                __m512 xv = dup8(xp[j] + k + s * 8);
-                _Pragma("GCC unroll 3")
-                for (int q = 0; q < 3; q++)
-                    acc[q][j] = _mm512_fmadd_ps(w[q], xv, acc[q][j]);
-            }
-        }
-    }
-    ztile_finish(m, acc, NT, 3);
-}
-
 #define ZTILE(name, dt, nt)                                                                        \
     __attribute__((noinline)) static void ztile_##name##_##nt(const struct dtile *m)              \
     {                                                                                              \
-        if (dt == PP_DTYPE_Q8_0)                                                                   \
-            ztile_q8_run(m, nt);                                                                   \
-        else                                                                                       \
-            ztile_run(m, dt, nt, 3);                                                               \
+        ztile_run(m, dt, nt, 3);                                                                   \
     }
 /* tiles of up to 4 tokens, as even as possible */
 #define ZTILE_DT(name, dt)                                                                         \
     ZTILE(name, dt, 1) ZTILE(name, dt, 2) ZTILE(name, dt, 3) ZTILE(name, dt, 4)
-ZTILE_DT(q8_0, PP_DTYPE_Q8_0)
 /* the four-group tiles (12 rows) of f32, f16 and bf16 */
 #define ZQUAD(name, dt, nt)                                                                        \
     __attribute__((noinline)) static void zquad_##name##_##nt(const struct dtile *m)              \
@@ -367,7 +305,7 @@ ZQUAD_DT(f16, PP_DTYPE_F16)
 ZQUAD_DT(bf16, PP_DTYPE_BF16)
 #define ZQUAD_ROW(name)                                                                            \
     {NULL, zquad_##name##_1, zquad_##name##_2, zquad_##name##_3, zquad_##name##_4}
-/* [dtype][NT]; Q8_0 keeps its two-group tile */
+/* [dtype][NT] */
 static const dtile_fn zquads[4][5] = {ZQUAD_ROW(f32), ZQUAD_ROW(f16), ZQUAD_ROW(bf16),
                                       {NULL, NULL, NULL, NULL, NULL}};
 
@@ -384,27 +322,20 @@ static const dtile_fn zquads[4][5] = {ZQUAD_ROW(f32), ZQUAD_ROW(f16), ZQUAD_ROW(
  * (zquads) outran both on the Zen 4 host: one thread, one token, f16 22.9-23.8 GB/s (AVX2 nest),
  * 24.9-25.2 (two groups), 28.2-29.3 (four); bf16 22.1-23.4, 25.0-25.4, 25.1-27.7; alternated in
  * one sitting (docs/benchmarks.md); our reading is that four streams keep more weights in flight
- * per core (eight groups gained nothing more). Q8_0, whose
- * int8 conversion bounds the AVX2 tiles, takes the zmm pairs from one token on (ztile_q8_run), as
- * a fraction of one thread's read bandwidth (pp_bench_matmul --dtypes q8_0, PP_SIMD=avx2 then the
- * default): 1 token 73.3% → 87.1%, 2: 60.2% → 81.2%, 4: 44.6% → 69.4%, 8: 22.9% → 35.5%,
- * 20: 9.5% → 14.7%. With its weights in L2 (--row-div 64) one token runs 18.2 GB/s against 15.4.
- * Reading two of the three row pairs with one load from the interleaved Q8_0 unit
- * (kernels/cpu/row_groups.h), two rounds against the two-load pairs: one thread 1 token 88.0-89.2%
- * → 93.6-95.1%, 4 tokens 68.3-68.6% → 75.1-76.2%; in L2 106-109% → 131-134%
- * (docs/benchmarks.md). */
+ * per core (eight groups gained nothing more). Q8_0 took the zmm pairs too, with its int8
+ * converted to f32 and scaled in registers, until it ran in integers (kernels/cpu/matmul_q8.h):
+ * that conversion bounded a core at 18-19 GB/s with its weights in L2 (docs/benchmarks.md). */
 #define DTILE_DT(name, dt)                                                                         \
     DTILE_MR(name, dt, 1) DTILE_MR(name, dt, 2) DTILE_MR(name, dt, 3) ZTILE_DT(name, dt)
 DTILE_DT(f32, PP_DTYPE_F32)
 DTILE_DT(f16, PP_DTYPE_F16)
 DTILE_DT(bf16, PP_DTYPE_BF16)
-DTILE_MR(q8_0, PP_DTYPE_Q8_0, 1) DTILE_MR(q8_0, PP_DTYPE_Q8_0, 2) DTILE_MR(q8_0, PP_DTYPE_Q8_0, 3)
 #define DTILE_TABLE(name)                                                                          \
     {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
      {NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL},                               \
      {NULL, ztile_##name##_1, ztile_##name##_2, ztile_##name##_3, ztile_##name##_4}}
-static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16),
-                                         DTILE_TABLE(q8_0)};
+/* [dtype][MR][NT]; Q8_0 runs in integers (kernels/cpu/matmul_q8.h) */
+static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16)};
 
 /* Q8_0 with VNNI where the CPU has it, else with the AVX2 dot products (set by avx512_init). */
 static pp_mm_rows_fn avx512_q8;

@@ -38,25 +38,12 @@
 #define PP_MM_GROUPED_PF_MORE 4096
 #endif
 /* Prefetching into L2 instead (pp_mm_args.prefetch_l2, Zen 4), one or two tokens go 4096 bytes
- * ahead: on the Zen 4 host, two threads, one token, Q8_0 streamed 33.4-33.8 GB/s against
- * 27.9-32.0 with 2048 (f16 level), four rounds alternated. */
+ * ahead: on the Zen 4 host, two threads, one token, Q8_0 (then in these tiles) streamed
+ * 33.4-33.8 GB/s against 27.9-32.0 with 2048 (f16 level), four rounds alternated. */
 #ifndef PP_MM_GROUPED_PF_FEW_L2
 #define PP_MM_GROUPED_PF_FEW_L2 4096
 #endif
 
-
-AI float q8_scale(const uint8_t *block)
-{
-    uint16_t h;
-    memcpy(&h, block, 2);
-    return _cvtsh_ss(h);
-}
-
-AI __m256 ld_q8(const uint8_t *q, __m256 d)
-{
-    __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), d); /* d·q is exact in f32 */
-}
 
 /* The eight weights of one f32, f16 or bf16 unit at p, as f32. */
 AI __m256 ld_unit(const char *p, enum pp_dtype dt)
@@ -75,21 +62,10 @@ AI __m256 ld_unit(const char *p, enum pp_dtype dt)
  * whole units; q the group's geometry, kernels/cpu/row_groups.h). */
 AI __m256 ld_w(const char *gb, const struct pp_row_group *q, int64_t i, enum pp_dtype dt, int64_t k)
 {
-    switch (dt) {
-    case PP_DTYPE_F32:
-    case PP_DTYPE_F16:
-    case PP_DTYPE_BF16:
-        return ld_unit(gb + i * q->row_off + k / 8 * q->unit_stride, dt);
-    default: {
-        const uint8_t *u = (const uint8_t *)gb + (k / PP_Q8_0_BLOCK) * q->unit_stride;
-        return ld_q8(u + pp__q8_step_at(q, i, k % PP_Q8_0_BLOCK / 8),
-                     _mm256_set1_ps(q8_scale(u + pp__q8_scale_at(q, i))));
-    }
-    }
+    return ld_unit(gb + i * q->row_off + k / 8 * q->unit_stride, dt);
 }
 
-/* A row's short last unit of rem (< 8) weights stored at p, zero-padded to eight (never Q8_0,
- * whose rows are whole blocks). */
+/* A row's short last unit of rem (< 8) weights stored at p, zero-padded to eight. */
 static __m256 ld_w_tail(const char *p, enum pp_dtype dt, int64_t rem)
 {
     float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -123,7 +99,7 @@ struct dtile {
 };
 
 /* Prefetches the lines of the MR rows that come next, for the 32 elements at wk (the tile's rows'
- * units of one step, or their Q8_0 blocks, where tile row 0's is). */
+ * units of one step, where tile row 0's is). */
 AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, int MR)
 {
     const char *pl = wk + m->pf;
@@ -287,38 +263,9 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
     __m256 acc[6][4];
     dtile_start(acc, xp, m, MR, NT);
     int64_t k0 = m->k0, kend = m->k0 + m->full;
-    if (dt == PP_DTYPE_Q8_0) {
-        /* one scale per row per 32-element block, four steps under it; row i is row i % 3 of
-         * the group (or of the three row-major rows) at i / 3 · grp_off */
-        const struct pp_row_group *g = &m->g;
-        int64_t dof[6], qof[6], qs = g->q_step;
-        _Pragma("GCC unroll 6")
-        for (int i = 0; i < MR; i++) {
-            dof[i] = i / 3 * m->grp_off + pp__q8_scale_at(g, i % 3);
-            qof[i] = i / 3 * m->grp_off + pp__q8_step_at(g, i % 3, 0);
-        }
-        for (int64_t k = k0; k < kend; k += PP_Q8_0_BLOCK) {
-            __m256 d[6];
-            const uint8_t *u = (const uint8_t *)m->w + k / PP_Q8_0_BLOCK * g->unit_stride;
-            if (m->pf)
-                dtile_prefetch(m, (const char *)u, dt, MR);
-            _Pragma("GCC unroll 6")
-            for (int i = 0; i < MR; i++)
-                d[i] = _mm256_set1_ps(q8_scale(u + dof[i]));
-            _Pragma("GCC unroll 4")
-            for (int s = 0; s < PP_Q8_0_BLOCK / 8; s++) {
-                __m256 wv[6];
-                _Pragma("GCC unroll 6")
-                for (int i = 0; i < MR; i++)
-                    wv[i] = ld_q8(u + qof[i] + s * qs, d[i]);
-                dtile_step(acc, wv, xp, k + 8 * s, MR, NT);
-            }
-        }
-    } else {
-        dtile_span(acc, m, xp, k0, kend, dt, MR, NT);
-        if (m->rem)
-            dtile_tail(acc, m, xp, kend, dt, MR, NT);
-    }
+    dtile_span(acc, m, xp, k0, kend, dt, MR, NT);
+    if (m->rem)
+        dtile_tail(acc, m, xp, kend, dt, MR, NT);
     dtile_finish(acc, m, MR, NT);
 }
 
@@ -436,12 +383,9 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     for (int64_t rs = r0; rs < r1; rs += sb) {
         int64_t rs1 = r1 - rs < sb ? r1 : rs + sb;
         struct dtile m;
-        /* grouped: a pass covers 32 elements of each row, adjacent (f32, f16, bf16: lines 128 or 64
-         * bytes apart) or one 34-byte Q8_0 block after another */
-        m.pf_row = !a->grouped                    ? a->row_bytes
-                   : a->dtype == PP_DTYPE_Q8_0 ? PP_Q8_0_BYTES
-                   : a->dtype == PP_DTYPE_F32  ? 128
-                                               : 64;
+        /* grouped: a pass covers 32 elements of each row, adjacent (lines 128 or 64 bytes
+         * apart) */
+        m.pf_row = !a->grouped ? a->row_bytes : a->dtype == PP_DTYPE_F32 ? 128 : 64;
         m.pf_l2 = a->prefetch_l2;
         m.ldx = a->ldx;
         m.lda = n * 8;
