@@ -52,33 +52,26 @@ void pp__q8_act_fill(const struct pp_mm_args *a, pp_q8_act_fn act, int64_t t0, i
 }
 
 void pp__q8_row_at(const struct pp_mm_args *a, int64_t r, const char **q, const char **d,
-                   int64_t *stride)
+                   int64_t *q_stride, int64_t *d_stride)
 {
-    const char *base = a->w;
-    int64_t i = r;
-    struct pp_row_group g = pp__row_group(PP_DTYPE_Q8_0, a->cols, 0, 1);
-    if (a->grouped) {
-        int64_t g0 = r / PP_ROW_GROUP * PP_ROW_GROUP;
-        int64_t n = a->rows - g0 < PP_ROW_GROUP ? a->rows - g0 : PP_ROW_GROUP;
-        g = pp__row_group(PP_DTYPE_Q8_0, a->cols, 1, n);
-        base += g0 * a->row_bytes;
-        i = r - g0;
-    }
-    *q = base + pp__q8_step_at(&g, i, 0);
-    *d = base + pp__q8_scale_at(&g, i);
-    *stride = g.unit_stride;
+    int64_t blocks = a->cols / PP_Q8_0_BLOCK;
+    const char *row = (const char *)a->w + r * a->row_bytes;
+    *d = row;
+    *q = a->grouped ? row + 2 * blocks : row + 2;
+    *q_stride = a->grouped ? PP_Q8_0_BLOCK : PP_Q8_0_BYTES;
+    *d_stride = a->grouped ? 2 : PP_Q8_0_BYTES;
 }
 
 /* One output element in the canonical order. */
-static float q8_dot(const char *q, const char *d, int64_t stride, int bias, const int8_t *xq,
-                    const float *xd, int64_t blocks)
+static float q8_dot(const char *q, const char *d, int64_t q_stride, int64_t d_stride, int bias,
+                    const int8_t *xq, const float *xd, int64_t blocks)
 {
     float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t b = 0; b < blocks; b++) {
-        const char *w = q + b * stride;
+        const char *w = q + b * q_stride;
         const int8_t *x = xq + b * PP_Q8_0_BLOCK;
         uint16_t h;
-        memcpy(&h, d + b * stride, sizeof(h));
+        memcpy(&h, d + b * d_stride, sizeof(h));
         float scale = pp_f16_to_f32(h) * xd[b];
         for (int j = 0; j < 8; j++) {
             int32_t s = 0;
@@ -97,10 +90,10 @@ void pp__mm_q8_portable(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     int64_t blocks = a->cols / PP_Q8_0_BLOCK;
     for (int64_t r = r0; r < r1; r++) {
         const char *q, *d;
-        int64_t stride;
-        pp__q8_row_at(a, r, &q, &d, &stride);
+        int64_t qs, ds;
+        pp__q8_row_at(a, r, &q, &d, &qs, &ds);
         for (int64_t t = 0; t < a->n; t++)
-            a->y[t * a->rows + r] = q8_dot(q, d, stride, a->grouped ? PP_Q8_GROUP_BIAS : 0,
+            a->y[t * a->rows + r] = q8_dot(q, d, qs, ds, a->grouped ? PP_Q8_GROUP_BIAS : 0,
                                            a->xq + t * a->cols, a->xd + t * blocks, blocks);
     }
 }

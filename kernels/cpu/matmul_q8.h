@@ -50,10 +50,11 @@ void pp__mm_q8_vnni(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 void pp__q8_act_avx2(int8_t *q, float *d, const float *x, int64_t cols);
 #endif
 
-/* Where row r's block 0 of a Q8_0 weight lives: its int8 at *q, its scale at *d, each later block
- * stride bytes on (row groups or row-major, as a->grouped says; grouped int8 are stored XOR
- * PP_Q8_GROUP_BIAS, kernels/cpu/row_groups.h). */
+/* Where row r of a Q8_0 weight keeps block 0: its int8 at *q and its f16 scale at *d, block b's
+ * at b · *q_stride and b · *d_stride further: 34 and 34 in the file's row-major blocks, 32 and 2
+ * in the split rows of a->grouped, whose int8 are stored XOR PP_Q8_GROUP_BIAS
+ * (kernels/cpu/row_groups.h). */
 void pp__q8_row_at(const struct pp_mm_args *a, int64_t r, const char **q, const char **d,
-                   int64_t *stride);
+                   int64_t *q_stride, int64_t *d_stride);
 
 #endif

@@ -9,13 +9,12 @@
  *    weights go in as stored (w + 128) with the activations x, and the token's block sum
  *    128 · Σ x, counted once per block, starts the sum negated; row-major weights go in as they
  *    are with x + 128, and the row block's 128 · Σ w starts it;
- *  - Q8_STREAMS_ONE: row streams per tile for one token; Q8_TOKENS: tokens per tile beyond one.
+ *  - Q8_STREAMS_ONE: rows per tile for one token; Q8_TOKENS: tokens per tile beyond one.
  *
- * A ymm register holds one output element's eight lanes, as in the f32 kernels. Row groups
- * (kernels/cpu/row_groups.h) are streams of three rows whose block-b units sit one stride apart:
- * the three f16 scales first, then the rows' 32 int8 each; row-major rows are streams of one. One
- * token takes Q8_STREAMS_ONE streams together (four row groups: 12 rows), more tokens one stream ×
- * Q8_TOKENS tokens, the stream's weights read again from L1 for each token tile. */
+ * A ymm register holds one output element's eight lanes, as in the f32 kernels. Q8_0 rows are
+ * row-major (kernels/cpu/row_groups.h), one stream of 34-byte blocks each: one token takes
+ * Q8_STREAMS_ONE rows together (four streams), more tokens 3 rows × Q8_TOKENS tokens, the rows'
+ * weights read again from L1 for each token tile. */
 #ifndef PP_CPU_MATMUL_Q8_X86_H
 #define PP_CPU_MATMUL_Q8_X86_H
 
@@ -28,52 +27,59 @@
 
 #define Q8_AI static inline __attribute__((always_inline))
 
-/* Bytes ahead of a stream that one-token tiles prefetch: two threads, one token, from memory
- * (pp_bench_matmul), 4096 streamed 76-83% of the read bandwidth and 16384 87-91% (three rounds in
- * alternation, in the host's slower moments); 8192 and 1024 were between. */
-#define Q8_PREFETCH 16384
-#define Q8_GROUP_Q 6 /* from a full group's unit to its row 0's int8 */
+/* Tiles prefetch each row's int8 one tile ahead (the same block of the row R rows on), once per
+ * rows (their first token tile). One thread, one token, from memory (pp_bench_matmul, the Zen 4
+ * host): units of three rows 16 KiB ahead streamed 20.9-22.9 GB/s, four rows one tile ahead
+ * 28.3-32.6 (docs/benchmarks.md). */
+#define Q8_ROWS_MANY 3 /* rows per tile beyond two tokens */
 
-/* A tile: stream s starts at p[s] (G = 3: its group's unit of block 0; G = 1: its row's scale of
- * block 0, the int8 qoff bytes on), each block stride bytes after the previous; its rows' outputs
- * go to y columns row[s], row[s] + 1, .... */
+/* A tile: row r's int8 of block 0 at q[r] and its scale at d[r], the next block's q_stride and
+ * d_stride bytes on (WB: the split rows of row groups, 32 and 2; else the file's blocks, 34 and
+ * 34); its output goes to y column row0 + r. */
 struct q8_tile {
-    const char *p[4];
-    int64_t row[4];
-    int64_t stride, qoff;
+    const char *q[4];
+    const char *d[4];
+    int64_t row0, row_bytes;
 };
 
 Q8_AI void q8_prefetch(const char *p, int l2)
 {
-    if (l2) {
+    if (l2)
         _mm_prefetch(p, _MM_HINT_T1);
-        _mm_prefetch(p + 64, _MM_HINT_T1);
-    } else {
+    else
         _mm_prefetch(p, _MM_HINT_T0);
-        _mm_prefetch(p + 64, _MM_HINT_T0);
-    }
 }
 
-/* The scales of a stream's G rows at block offset off, times token scale dx: lane i for row i. */
-Q8_AI __m128 q8_scales(const char *p, int G, __m128 dx)
+/* sc[r][t][j] = d_w · d_x of row r, token t and block b8 + j for j < n (n ≤ 8); the rest 0. */
+Q8_AI void q8_scales8(float sc[4][4][8], const struct q8_tile *m, const float *const *xd, int R,
+                      int WB, int T, int64_t b8, int n)
 {
-    __m128i h;
-    if (G == 3)
-        h = _mm_loadl_epi64((const __m128i *)p);
-    else {
-        uint16_t v;
-        memcpy(&v, p, sizeof(v));
-        h = _mm_cvtsi32_si128(v);
+    __m256 dx[4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+    {
+        if (n == 8)
+            dx[t] = _mm256_loadu_ps(xd[t] + b8);
+        else {
+            float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            memcpy(v, xd[t] + b8, (size_t)n * sizeof(float));
+            dx[t] = _mm256_loadu_ps(v);
+        }
     }
-    return _mm_mul_ps(_mm_cvtph_ps(h), dx);
-}
-
-/* Lane i of v in all eight lanes. */
-Q8_AI __m256 q8_lane(__m128 v, int i)
-{
-    if (i == 0)
-        return _mm256_broadcastss_ps(v);
-    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(i));
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+    {
+        __m128i h;
+        if (WB && n == 8)
+            h = _mm_loadu_si128((const __m128i *)(m->d[r] + 2 * b8));
+        else {
+            uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int j = 0; j < n; j++)
+                memcpy(&v[j], m->d[r] + (b8 + j) * (WB ? 2 : PP_Q8_0_BYTES), sizeof(v[j]));
+            h = _mm_loadu_si128((const __m128i *)v);
+        }
+        __m256 dw = _mm256_cvtph_ps(h);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            _mm256_storeu_ps(sc[r][t], _mm256_mul_ps(dw, dx[t]));
+    }
 }
 
 /* -128 · (the four-byte sums of signed s), per int32 lane. */
@@ -88,48 +94,49 @@ Q8_AI __m256i q8_neg128sum(__m256i s)
 #endif
 }
 
-/* S streams of G rows × T tokens from token t0; WB: the weights stored biased (row groups). */
-Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int S, int G, int WB, int T,
+/* R rows × T tokens from token t0; WB: the weights in the split rows of row groups. */
+Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int R, int WB, int T,
                   int64_t t0)
 {
-    __m256 acc[12][4];
+    __m256 acc[4][4];
+    float sc[4][4][8];
     const int8_t *xq[4];
     const float *xd[4];
     int64_t blocks = a->cols / PP_Q8_0_BLOCK;
+    const int64_t qs = WB ? PP_Q8_0_BLOCK : PP_Q8_0_BYTES;
     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
     {
         xq[t] = a->xq + (t0 + t) * a->cols;
         xd[t] = a->xd + (t0 + t) * blocks;
-        _Pragma("GCC unroll 12") for (int r = 0; r < S * G; r++) acc[r][t] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] = _mm256_setzero_ps();
     }
-    const int l2 = a->prefetch_l2;
-    const int64_t qo = G == 3 ? Q8_GROUP_Q : m->qoff;
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t off = b * m->stride;
-        __m256i xv[4], ncx[4];
-        __m128 dx[4];
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-        {
-            xv[t] = _mm256_loadu_si256((const __m256i *)(xq[t] + b * PP_Q8_0_BLOCK));
-            if (Q8_BIAS && WB)
-                ncx[t] = q8_neg128sum(xv[t]);
-            else if (Q8_BIAS)
-                xv[t] = _mm256_xor_si256(xv[t], _mm256_set1_epi8((char)0x80));
-            dx[t] = _mm_broadcast_ss(xd[t] + b);
+    const int l2 = a->prefetch_l2, pf = t0 == 0;
+    const int64_t ahead = R * m->row_bytes;
+    for (int64_t b8 = 0; b8 < blocks; b8 += 8) {
+        int n = blocks - b8 < 8 ? (int)(blocks - b8) : 8;
+        if (pf && WB) { /* the rows' scales of the next tile, beside its int8 */
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                q8_prefetch(m->d[r] + 2 * b8 + ahead, l2);
         }
-        (void)ncx;
-        if (T == 1) {
-            _Pragma("GCC unroll 4") for (int s = 0; s < S; s++)
-                q8_prefetch(m->p[s] + off + Q8_PREFETCH, l2);
-        }
-        _Pragma("GCC unroll 4") for (int s = 0; s < S; s++)
-        {
-            const char *u = m->p[s] + off;
-            __m128 sc[4];
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) sc[t] = q8_scales(u, G, dx[t]);
-            _Pragma("GCC unroll 3") for (int i = 0; i < G; i++)
+        q8_scales8(sc, m, xd, R, WB, T, b8, n);
+        for (int j = 0; j < n; j++) {
+            int64_t b = b8 + j;
+            __m256i xv[4], ncx[4];
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
             {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(u + qo + i * PP_Q8_0_BLOCK));
+                xv[t] = _mm256_loadu_si256((const __m256i *)(xq[t] + b * PP_Q8_0_BLOCK));
+                if (Q8_BIAS && WB)
+                    ncx[t] = q8_neg128sum(xv[t]);
+                else if (Q8_BIAS)
+                    xv[t] = _mm256_xor_si256(xv[t], _mm256_set1_epi8((char)0x80));
+            }
+            (void)ncx;
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            {
+                const char *u = m->q[r] + b * qs;
+                if (pf)
+                    q8_prefetch(u + ahead, l2);
+                __m256i w = _mm256_loadu_si256((const __m256i *)u);
 #if Q8_BIAS
                 __m256i nc = WB ? _mm256_setzero_si256() : q8_neg128sum(w);
 #else
@@ -144,77 +151,78 @@ Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int S, in
 #else
                     __m256i sum = Q8_DOT(aw, _mm256_sign_epi8(xv[t], w));
 #endif
-                    __m256 *c = &acc[s * G + i][t];
-                    *c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), q8_lane(sc[t], i), *c);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                                                _mm256_broadcast_ss(&sc[r][t][j]), acc[r][t]);
                 }
             }
         }
     }
     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
     {
-        float *y = a->y + (t0 + t) * a->rows;
-        _Pragma("GCC unroll 4") for (int s = 0; s < S; s++)
-        {
-            _Pragma("GCC unroll 3") for (int i = 0; i < G; i++) y[m->row[s] + i] =
-                pp__merge8_avx(acc[s * G + i][t]);
-        }
+        float *y = a->y + (t0 + t) * a->rows + m->row0;
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[r] = pp__merge8_avx(acc[r][t]);
     }
 }
 
-#define Q8_TILE(s, g, wb, t)                                                                       \
-    __attribute__((noinline)) static void q8_tile_##s##_##g##_##wb##_##t(                          \
+#define Q8_TILE(r, wb, t)                                                                          \
+    __attribute__((noinline)) static void q8_tile_##r##_##wb##_##t(                                \
         const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                           \
     {                                                                                              \
-        q8_run(a, m, s, g, wb, t, t0);                                                             \
+        q8_run(a, m, r, wb, t, t0);                                                                \
     }
-#define Q8_TILES(g, wb)                                                                            \
-    Q8_TILE(1, g, wb, 1) Q8_TILE(1, g, wb, 2) Q8_TILE(1, g, wb, 3) Q8_TILE(1, g, wb, 4)             \
-        __attribute__((noinline)) static void q8_tile_streams_##g##_##wb(                          \
-            const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                       \
+#define Q8_TILES(wb)                                                                               \
+    Q8_TILE(1, wb, 1) Q8_TILE(1, wb, 2) Q8_TILE(1, wb, 3) Q8_TILE(1, wb, 4) Q8_TILE(3, wb, 1)       \
+    Q8_TILE(3, wb, 2) Q8_TILE(3, wb, 3) Q8_TILE(3, wb, 4)                                          \
+    __attribute__((noinline)) static void q8_tile_one_##wb(const struct pp_mm_args *a,            \
+                                                          const struct q8_tile *m, int64_t t0)    \
     {                                                                                              \
-        q8_run(a, m, Q8_STREAMS_ONE, g, wb, 1, t0);                                                \
+        q8_run(a, m, Q8_STREAMS_ONE, wb, 1, t0);                                                   \
+    }                                                                                              \
+    __attribute__((noinline)) static void q8_tile_two_##wb(const struct pp_mm_args *a,            \
+                                                          const struct q8_tile *m, int64_t t0)    \
+    {                                                                                              \
+        q8_run(a, m, Q8_STREAMS_ONE, wb, 2, t0);                                                   \
     }
-Q8_TILES(1, 0)
-Q8_TILES(1, 1)
-Q8_TILES(3, 1)
+Q8_TILES(0)
+Q8_TILES(1)
 
 typedef void (*q8_tile_fn)(const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0);
-/* [layout][T]: rows row-major (signed), rows of a short last group (biased), whole groups;
- * [.][0]: Q8_STREAMS_ONE streams, one token; [.][T]: one stream, T tokens */
-static const q8_tile_fn q8_tiles[3][5] = {
-    {q8_tile_streams_1_0, q8_tile_1_1_0_1, q8_tile_1_1_0_2, q8_tile_1_1_0_3, q8_tile_1_1_0_4},
-    {q8_tile_streams_1_1, q8_tile_1_1_1_1, q8_tile_1_1_1_2, q8_tile_1_1_1_3, q8_tile_1_1_1_4},
-    {q8_tile_streams_3_1, q8_tile_1_3_1_1, q8_tile_1_3_1_2, q8_tile_1_3_1_3, q8_tile_1_3_1_4}};
+#define Q8_NAME(r, wb, t) q8_tile_##r##_##wb##_##t
+#define Q8_ROW(r, wb)                                                                              \
+    {NULL, Q8_NAME(r, wb, 1), Q8_NAME(r, wb, 2), Q8_NAME(r, wb, 3), Q8_NAME(r, wb, 4)}
+/* [WB][rows: one, Q8_ROWS_MANY][T]; one or two tokens take Q8_STREAMS_ONE rows
+ * (q8_tile_one_WB, q8_tile_two_WB) */
+static const q8_tile_fn q8_tiles[2][2][5] = {
+    {{NULL, q8_tile_1_0_1, q8_tile_1_0_2, q8_tile_1_0_3, q8_tile_1_0_4}, Q8_ROW(3, 0)},
+    {{NULL, q8_tile_1_1_1, q8_tile_1_1_2, q8_tile_1_1_3, q8_tile_1_1_4}, Q8_ROW(3, 1)}};
+_Static_assert(Q8_ROWS_MANY == 3, "q8_tiles names the 3-row tiles");
 
 static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     const struct pp_mm_scratch *scratch)
 {
     (void)scratch;
-    /* rows in whole groups are streams of three; the short last group goes row by row */
-    const int G = a->grouped ? PP_ROW_GROUP : 1;
-    int64_t whole = a->rows / G * G;
+    int wb = a->grouped;
     int64_t r = r0;
     while (r < r1) {
-        int64_t left = (r1 < whole ? r1 : whole) - r;
+        int64_t left = r1 - r;
+        int R = a->n <= 2 ? (left >= Q8_STREAMS_ONE ? Q8_STREAMS_ONE : 1)
+                          : (left >= Q8_ROWS_MANY ? Q8_ROWS_MANY : 1);
         struct q8_tile m;
-        const char *q, *d;
-        int S = a->n == 1 && left >= Q8_STREAMS_ONE * G ? Q8_STREAMS_ONE : 1;
-        int g = left >= G ? G : 1;
-        for (int s = 0; s < S; s++) {
-            pp__q8_row_at(a, r + s * g, &q, &d, &m.stride);
-            m.p[s] = d;
-            m.qoff = q - d;
-            m.row[s] = r + s * g;
-        }
-        const q8_tile_fn *fn = q8_tiles[g == 3 ? 2 : a->grouped];
-        if (S > 1)
-            fn[0](a, &m, 0);
+        int64_t qs, ds;
+        for (int i = 0; i < R; i++)
+            pp__q8_row_at(a, r + i, &m.q[i], &m.d[i], &qs, &ds);
+        m.row0 = r;
+        m.row_bytes = a->row_bytes;
+        if (R == Q8_STREAMS_ONE && a->n == 1)
+            (wb ? q8_tile_one_1 : q8_tile_one_0)(a, &m, 0);
+        else if (R == Q8_STREAMS_ONE && a->n == 2)
+            (wb ? q8_tile_two_1 : q8_tile_two_0)(a, &m, 0);
         else
             for (int64_t t0 = 0; t0 < a->n; t0 += Q8_TOKENS) {
                 int64_t nt = a->n - t0 < Q8_TOKENS ? a->n - t0 : Q8_TOKENS;
-                fn[nt](a, &m, t0);
+                q8_tiles[wb][R == Q8_ROWS_MANY][nt](a, &m, t0);
             }
-        r += S * g;
+        r += R;
     }
 }
 

@@ -19,22 +19,16 @@ static int64_t group_rows(int64_t rows, int64_t r)
     return rows - g0 < PP_ROW_GROUP ? rows - g0 : PP_ROW_GROUP;
 }
 
-/* Q8_0: row i's 34-byte block (scale, then 32 int8) into a group's unit, the int8 biased to
- * unsigned (q XOR 0x80 = q + 128), and back out. */
-static void q8_block_put(char *unit, const struct pp_row_group *q, int64_t i, const char *block)
+/* Q8_0: a row's 34-byte blocks in their split form (all scales, then all int8 biased), the same
+ * row_bytes long. */
+static void q8_row_split(char *dst, const char *src, int64_t blocks)
 {
-    memcpy(unit + pp__q8_scale_at(q, i), block, 2);
-    char *dst = unit + pp__q8_step_at(q, i, 0);
-    for (int64_t e = 0; e < PP_Q8_0_BLOCK; e++)
-        dst[e] = (char)(block[2 + e] ^ PP_Q8_GROUP_BIAS);
-}
-
-static void q8_block_get(char *block, const char *unit, const struct pp_row_group *q, int64_t i)
-{
-    memcpy(block, unit + pp__q8_scale_at(q, i), 2);
-    const char *src = unit + pp__q8_step_at(q, i, 0);
-    for (int64_t e = 0; e < PP_Q8_0_BLOCK; e++)
-        block[2 + e] = (char)(src[e] ^ PP_Q8_GROUP_BIAS);
+    for (int64_t b = 0; b < blocks; b++) {
+        const char *blk = src + b * PP_Q8_0_BYTES;
+        memcpy(dst + 2 * b, blk, 2);
+        for (int64_t e = 0; e < PP_Q8_0_BLOCK; e++)
+            dst[2 * blocks + b * PP_Q8_0_BLOCK + e] = (char)(blk[2 + e] ^ PP_Q8_GROUP_BIAS);
+    }
 }
 
 void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t rows, int64_t cols)
@@ -42,19 +36,20 @@ void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t r
     int64_t row_bytes = pp_dtype_row_bytes(dt, cols), ue = pp__unit_elems(dt);
     int64_t ub = pp__unit_bytes(dt), whole = cols / ue, units = (cols + ue - 1) / ue;
     int64_t tail = row_bytes - whole * ub; /* stored bytes of the short last unit, if any */
+    if (dt == PP_DTYPE_Q8_0) {
+        for (int64_t r = 0; r < rows; r++)
+            q8_row_split((char *)dst + r * row_bytes, (const char *)src + r * row_bytes, whole);
+        return;
+    }
     for (int64_t g0 = 0; g0 < rows; g0 += PP_ROW_GROUP) {
         int64_t g = group_rows(rows, g0);
         struct pp_row_group q = pp__row_group(dt, cols, 1, g);
         char *gd = (char *)dst + g0 * row_bytes;
         for (int64_t i = 0; i < g; i++) {
             const char *row = (const char *)src + (g0 + i) * row_bytes;
-            for (int64_t u = 0; u < units; u++) {
-                if (dt == PP_DTYPE_Q8_0)
-                    q8_block_put(gd + u * q.unit_stride, &q, i, row + u * ub);
-                else
-                    memcpy(gd + unit_offset(&q, whole, i, u), row + u * ub,
-                           (size_t)(u < whole ? ub : tail));
-            }
+            for (int64_t u = 0; u < units; u++)
+                memcpy(gd + unit_offset(&q, whole, i, u), row + u * ub,
+                       (size_t)(u < whole ? ub : tail));
         }
     }
 }
@@ -63,16 +58,22 @@ void pp__row_groups_row_to_f32(float *dst, const void *w, enum pp_dtype dt, int6
                                int64_t cols, int64_t r)
 {
     int64_t row_bytes = pp_dtype_row_bytes(dt, cols), ue = pp__unit_elems(dt), whole = cols / ue;
+    if (dt == PP_DTYPE_Q8_0) {
+        char block[PP_Q8_0_BYTES];
+        const char *row = (const char *)w + r * row_bytes;
+        for (int64_t b = 0; b < whole; b++) {
+            memcpy(block, row + 2 * b, 2);
+            for (int64_t e = 0; e < PP_Q8_0_BLOCK; e++)
+                block[2 + e] = (char)(row[2 * whole + b * PP_Q8_0_BLOCK + e] ^ PP_Q8_GROUP_BIAS);
+            pp_row_to_f32(dst + b * PP_Q8_0_BLOCK, block, dt, PP_Q8_0_BLOCK);
+        }
+        return;
+    }
     int64_t g0 = r / PP_ROW_GROUP * PP_ROW_GROUP;
     struct pp_row_group q = pp__row_group(dt, cols, 1, group_rows(rows, r));
     const char *gd = (const char *)w + g0 * row_bytes;
     for (int64_t k = 0; k < cols; k += ue) {
         int64_t n = cols - k < ue ? cols - k : ue;
-        if (dt == PP_DTYPE_Q8_0) {
-            char block[PP_Q8_0_BYTES];
-            q8_block_get(block, gd + k / ue * q.unit_stride, &q, r - g0);
-            pp_row_to_f32(dst + k, block, dt, n);
-        } else
-            pp_row_to_f32(dst + k, gd + unit_offset(&q, whole, r - g0, k / ue), dt, n);
+        pp_row_to_f32(dst + k, gd + unit_offset(&q, whole, r - g0, k / ue), dt, n);
     }
 }

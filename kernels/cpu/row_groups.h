@@ -8,10 +8,12 @@
  * rows row-major would, at the same place: rows [r, r + g) of the group at row r live in bytes
  * [r · row_bytes, (r + g) · row_bytes). Only addresses change, never the arithmetic.
  *
- * A Q8_0 group's unit holds its g rows' blocks of one 32-element span: the g f16 scales first (row
- * i's at 2i), then the g rows' 32 int8 one row after the other (row i's at 2g + 32i), each stored
- * as the unsigned byte q + 128 (q XOR PP_Q8_GROUP_BIAS). So a row's block is one 32-byte load, and
- * the unsigned operand of vpdpbusd as it stands (kernels/cpu/matmul_q8.h). */
+ * Q8_0 rows are not grouped: the integer kernels (kernels/cpu/matmul_q8.h) read one token's
+ * weights four rows at a time, four streams, which on the Zen 4 host ran 28-32 GB/s on one thread
+ * against 21-23 for units of three rows' blocks side by side (docs/benchmarks.md). Inside its own
+ * bytes a row is split instead: its blocks' f16 scales first (2 · cols / 32 bytes, so eight of them
+ * are one load), then its int8 (cols bytes), each stored as the unsigned byte q + 128
+ * (q XOR PP_Q8_GROUP_BIAS), the unsigned operand of vpdpbusd as it stands. */
 #ifndef PP_CPU_ROW_GROUPS_H
 #define PP_CPU_ROW_GROUPS_H
 
@@ -38,14 +40,11 @@ static inline int64_t pp__unit_bytes(enum pp_dtype dt)
 /* Where a group's row i keeps its units, relative to the group's first byte (grouped = 0 describes
  * plain row-major rows the same way, so one loop serves both): unit u of row i at
  * i · row_off + u · unit_stride; the short last unit at
- * (cols / unit) · unit_stride + i · tail_off. A Q8_0 unit is not one row's block (see above): from
- * the unit at u · unit_stride, row i's scale is at i · d_off and its eight int8 of step s at
- * q_base + i · row_off + s · q_step (pp__q8_scale_at, pp__q8_step_at). */
+ * (cols / unit) · unit_stride + i · tail_off. Not for Q8_0 (see above). */
 struct pp_row_group {
     int64_t row_off;
     int64_t unit_stride;
     int64_t tail_off;
-    int64_t d_off, q_base, q_step; /* Q8_0 only */
 };
 
 /* The geometry of a group of g rows of a [?, cols] dt weight. */
@@ -58,26 +57,7 @@ static inline struct pp_row_group pp__row_group(enum pp_dtype dt, int64_t cols, 
     q.row_off = grouped ? ub : row_bytes;
     q.unit_stride = grouped ? g * ub : ub;
     q.tail_off = grouped ? rem * esz : row_bytes;
-    q.d_off = q.q_base = q.q_step = 0;
-    if (dt == PP_DTYPE_Q8_0) {
-        q.row_off = grouped ? PP_Q8_0_BLOCK : row_bytes;
-        q.d_off = grouped ? 2 : row_bytes;
-        q.q_base = grouped ? 2 * g : 2;
-        q.q_step = 8;
-    }
     return q;
-}
-
-/* Q8_0: the offsets, from a unit's first byte, of row i's scale and of its int8 of step s (s in
- * 0-3). */
-static inline int64_t pp__q8_scale_at(const struct pp_row_group *q, int64_t i)
-{
-    return i * q->d_off;
-}
-
-static inline int64_t pp__q8_step_at(const struct pp_row_group *q, int64_t i, int64_t s)
-{
-    return q->q_base + i * q->row_off + s * q->q_step;
 }
 
 /* Rewrites a row-major [rows, cols] dt weight into the grouped layout (dst and src the same size,
