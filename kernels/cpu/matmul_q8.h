@@ -2,7 +2,8 @@
  * first, as Q8_0 weights are, and a block's products are summed exactly in int32 before one f32
  * multiply-add applies both scales: int8 dot products (AVX-512 VNNI vpdpbusd, or AVX2
  * vpmaddubsw + vpmaddwd) do 32 multiply-adds where the f32 form converted and scaled each weight
- * first, which bounded a core at about 19 GB/s of Q8_0 weights on the Zen 4 host (docs/benchmarks.md).
+ * first, which bounded a core at about 19 GB/s of Q8_0 weights on the Zen 4 host
+ * (docs/benchmarks.md).
  *
  * The canonical arithmetic, which every path (portable, AVX2, AVX-512) gives bit for bit:
  *  - activations: per block of 32 floats x, amax = max |x|; a block holding an inf or NaN gets

@@ -171,8 +171,8 @@ Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int R, in
         q8_run(a, m, r, wb, t, t0);                                                                \
     }
 #define Q8_TILES(wb)                                                                               \
-    Q8_TILE(1, wb, 1) Q8_TILE(1, wb, 2) Q8_TILE(1, wb, 3) Q8_TILE(1, wb, 4) Q8_TILE(3, wb, 1)       \
-    Q8_TILE(3, wb, 2) Q8_TILE(3, wb, 3) Q8_TILE(3, wb, 4)                                          \
+    Q8_TILE(1, wb, 1) Q8_TILE(1, wb, 2) Q8_TILE(1, wb, 3) Q8_TILE(1, wb, 4)                         \
+    Q8_TILE(3, wb, 1) Q8_TILE(3, wb, 2) Q8_TILE(3, wb, 3) Q8_TILE(3, wb, 4)                         \
     __attribute__((noinline)) static void q8_tile_one_##wb(const struct pp_mm_args *a,            \
                                                           const struct q8_tile *m, int64_t t0)    \
     {                                                                                              \

@@ -6,7 +6,10 @@
 #   effects;
 # - the few-token tiles prefetch the weights they stream into L1 or L2, as the backend chose
 #   (pp_simd_prefetch_l2, dtile_prefetch in kernels/cpu/simd_x86_direct.h): both forms must be in
-#   the one-token f16 tile.
+#   the one-token f16 tile;
+# - the Q8_0 integer tiles prefetch the next tile's int8 and scales the same two ways
+#   (q8_prefetch in kernels/cpu/matmul_q8_x86.h; q8_tile_one_1, the one-token tile over the
+#   backend's copy, is built by both the AVX2 and the VNNI file).
 # This reads the built machine code and fails unless it holds them.
 # Usage: check_prefetch.sh OBJDUMP LIBPP_KERNELS_A
 set -euo pipefail
@@ -35,3 +38,5 @@ check() {
 check pp__mm_packed_avx2 prefetcht1 "the next panel's prefetch"
 check dtile_f16_6x1 prefetcht0 "the few-token prefetch into L1"
 check dtile_f16_6x1 prefetcht1 "the few-token prefetch into L2"
+check q8_tile_one_1 prefetcht0 "the Q8_0 one-token prefetch into L1"
+check q8_tile_one_1 prefetcht1 "the Q8_0 one-token prefetch into L2"

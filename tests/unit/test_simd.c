@@ -187,7 +187,7 @@ static float q8_reference(const char *wrow, const struct pp_mm_args *a, int64_t 
             lane[j] = fmaf((float)sum, scale, lane[j]);
         }
     }
-    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    return pp__merge8(lane);
 }
 
 /* One matmul of the weights w (rows × cols stored as dt) and random activations through both
@@ -417,10 +417,10 @@ static void test_direct_four_groups(void **state)
         }
 }
 
-/* Q8_0 blocks at the format's edges: every int8 value, -128 included, under scales from the
- * smallest f16 subnormal to the largest finite f16, negative and zero ones too. The vector tables'
- * d·q (int8 to f32 in registers, times the block's scale) must be exact, so the same bits as the
- * portable path, in the few-token tiles and in the packed panels. */
+/* Q8_0 blocks at the format's edges: every int8 value, -128 included (|w| = 128 in the AVX2 sign
+ * trick, 0 once biased), under scales from the smallest f16 subnormal to the largest finite f16,
+ * negative and zero ones too. The integer tables must give the portable bits for each, in the
+ * one-, two- and many-token tiles (kernels/cpu/matmul_q8.h). */
 static void test_q8_0_edges(void **state)
 {
     (void)state;
@@ -494,7 +494,8 @@ static void test_q8_act_rule(void **state)
     fast->q8_act(qb, db, x, C);
     assert_memory_equal(qa, qb, sizeof(qa));
     for (int b = 0; b < B; b++)
-        assert_true(memcmp(&da[b], &db[b], sizeof(float)) == 0 || (da[b] != da[b] && db[b] != db[b]));
+        assert_true(memcmp(&da[b], &db[b], sizeof(float)) == 0 ||
+                    (da[b] != da[b] && db[b] != db[b]));
     assert_true(da[0] == 1.0f);
     assert_int_equal(qa[0], -127);
     const int ties[][2] = {{16, 0}, {17, 2}, {18, 2}, {15, 0}, {14, -2}, {13, -2}, {31, 16}};
