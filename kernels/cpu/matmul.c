@@ -63,7 +63,9 @@ static void copy_padded(void *ctx, int64_t t0, int64_t t1, int thread)
  * with AVX-512, so the weights are not read more often). pp_bench_matmul --layers 1 on the Xeon
  * host, the copy included, one thread: f16 at 64 and 128 tokens 110-111 → 117 and 119-122 →
  * 127-130 GFLOP/s, f32 at 128 tokens 106-107 → 112-113 (docs/benchmarks.md). The stride changes
- * no bit. */
+ * no bit. A Q8_0 matmul reads its activations in int8 instead (kernels/cpu/matmul_q8.h): each
+ * slice of PP_MM_X_PADDED_TOKENS tokens is quantized into the same buffer first, by the caller
+ * for a few tokens and over the pool for more. */
 void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
                     int64_t n)
 {

@@ -4,17 +4,18 @@
  *  - Q8_BIAS 0: Q8_DOT(w, x) sums, per int32 lane, four products of signed bytes w and x by
  *    making |w| the unsigned operand and x negated where w < 0 the signed one (vpsignb), so each
  *    product is w · x and a pair of them stays within int16 (2 · 128 · 127 < 2^15), as vpmaddubsw
- *    needs (grouped weights, stored w + 128, are XORed back first); Q8_BIAS 1:
- *    Q8_DPBUSD(acc, u, s) adds to acc the products of unsigned u and signed s (vpdpbusd): grouped
- *    weights go in as stored (w + 128) with the activations x, and the token's block sum
- *    128 · Σ x, counted once per block, starts the sum negated; row-major weights go in as they
+ *    needs (the copy's weights, stored w + 128, are XORed back first); Q8_BIAS 1:
+ *    Q8_DPBUSD(acc, u, s) adds to acc the products of unsigned u and signed s (vpdpbusd): the
+ *    copy's weights go in as stored (w + 128) with the activations x, and the token's block sum
+ *    128 · Σ x, counted once per block, starts the sum negated; the file's weights go in as they
  *    are with x + 128, and the row block's 128 · Σ w starts it;
- *  - Q8_STREAMS_ONE: rows per tile for one token; Q8_TOKENS: tokens per tile beyond one.
+ *  - Q8_STREAMS_ONE: rows per tile for one or two tokens; Q8_TOKENS: tokens per tile beyond two.
  *
- * A ymm register holds one output element's eight lanes, as in the f32 kernels. Q8_0 rows are
- * row-major (kernels/cpu/row_groups.h), one stream of 34-byte blocks each: one token takes
- * Q8_STREAMS_ONE rows together (four streams), more tokens 3 rows × Q8_TOKENS tokens, the rows'
- * weights read again from L1 for each token tile. */
+ * A ymm register holds one output element's eight lanes, as in the f32 kernels. Each row is one
+ * stream: the file's 34-byte blocks, or in the backend's copy (kernels/cpu/row_groups.h) the
+ * row's scales, then its int8 in 32-byte steps. One or two tokens take Q8_STREAMS_ONE rows
+ * together (four streams), more tokens Q8_ROWS_MANY rows × Q8_TOKENS tokens, the rows' weights
+ * read again from L1 for each token tile. */
 #ifndef PP_CPU_MATMUL_Q8_X86_H
 #define PP_CPU_MATMUL_Q8_X86_H
 
@@ -27,15 +28,15 @@
 
 #define Q8_AI static inline __attribute__((always_inline))
 
-/* Tiles prefetch each row's int8 one tile ahead (the same block of the row R rows on), once per
- * rows (their first token tile). One thread, one token, from memory (pp_bench_matmul, the Zen 4
- * host): units of three rows 16 KiB ahead streamed 20.9-22.9 GB/s, four rows one tile ahead
- * 28.3-32.6 (docs/benchmarks.md). */
+/* Tiles prefetch each row's int8 (and, in the copy, its scales) one tile ahead: the same block
+ * of the row R rows on, during the rows' first token tile. One thread, one token, from memory
+ * (pp_bench_matmul, the Zen 4 host): units of three rows' blocks, 16 KiB ahead, streamed
+ * 20.2-22.9 GB/s; these tiles 26.6-28.7 (docs/benchmarks.md, "Q8_0 in integers"). */
 #define Q8_ROWS_MANY 3 /* rows per tile beyond two tokens */
 
-/* A tile: row r's int8 of block 0 at q[r] and its scale at d[r], the next block's q_stride and
- * d_stride bytes on (WB: the split rows of row groups, 32 and 2; else the file's blocks, 34 and
- * 34); its output goes to y column row0 + r. */
+/* A tile: row r's int8 of block 0 at q[r] and its scale at d[r], each next block's 32 and 2
+ * bytes on in the copy (WB), 34 and 34 in the file's blocks; its output goes to y column
+ * row0 + r. */
 struct q8_tile {
     const char *q[4];
     const char *d[4];
