@@ -8,7 +8,7 @@
  * The canonical arithmetic, which every path (portable, AVX2, AVX-512) gives bit for bit:
  *  - activations: per block of 32 floats x, amax = max |x|; a block holding an inf or NaN gets
  *    d = NaN and q = 0 (so its outputs are NaN); otherwise d = amax / 127 (f32 division), and when
- *    d < FLT_MIN (an all-zero or all-denormal block) d = 0 and q = 0, else
+ *    d < FLT_MIN (a block of zeros, or of magnitudes all below 127 · FLT_MIN) d = 0 and q = 0, else
  *    q = rint(x · (1 / d)) (round half to even), which lies in [-127, 127];
  *  - y = merge8(lanes) (pp__merge8, the same fixed merge as pp__dot) where, for each block b in
  *    increasing order and each lane j in 0-7, s = Σ_{e<4} w_q[32b + 4j + e] · x_q[32b + 4j + e]

@@ -1,16 +1,16 @@
 /* The CPU backend's stored layout for the weights it copies at load (PP_WEIGHT_ROW_GROUPS in
  * kernels/backend.h): rows in groups of PP_ROW_GROUP (the last group holds what is left), and
- * inside a group the rows' units side by side, unit after unit. A unit is 8 elements (f32, f16,
- * bf16: one vector step) or one Q8_0 block of 32; a row's last unit may be shorter (cols not a
- * multiple of 8; never for Q8_0). So the few-token matmul, which reads a group's rows together,
+ * inside a group the rows' units side by side, unit after unit (f32, f16, bf16; Q8_0 below). A
+ * unit is 8 elements, one vector step; a row's last unit may be shorter (cols not a multiple of
+ * 8). So the few-token matmul, which reads a group's rows together,
  * streams one contiguous run of memory instead of one per row (one stream per thread for the
  * hardware prefetcher, and no restart at every row's end). A group occupies the same bytes as its
  * rows row-major would, at the same place: rows [r, r + g) of the group at row r live in bytes
  * [r · row_bytes, (r + g) · row_bytes). Only addresses change, never the arithmetic.
  *
  * Q8_0 rows are not grouped: the integer kernels (kernels/cpu/matmul_q8.h) read one token's
- * weights four rows at a time, four streams, which on the Zen 4 host ran 28-32 GB/s on one thread
- * against 21-23 for units of three rows' blocks side by side (docs/benchmarks.md). Inside its own
+ * weights four rows at a time, four streams, which on the Zen 4 host ran 27-33 GB/s on one thread
+ * against 20-23 for units of three rows' blocks side by side (docs/benchmarks.md). Inside its own
  * bytes a row is split instead: its blocks' f16 scales first (2 · cols / 32 bytes, so eight of them
  * are one load), then its int8 (cols bytes), each stored as the unsigned byte q + 128
  * (q XOR PP_Q8_GROUP_BIAS), the unsigned operand of vpdpbusd as it stands. */
