@@ -37,7 +37,8 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread)
     struct pp_mm_scratch s = {pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_ROW, thread),
                               pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_PANEL, thread),
                               pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_ACC, thread)};
-    j->cpu->simd->matmul_rows(&j->args, r0, r1, &s);
+    const struct pp_simd *simd = j->cpu->simd;
+    (j->args.dtype == PP_DTYPE_Q8_0 ? simd->matmul_q8 : simd->matmul_rows)(&j->args, r0, r1, &s);
 }
 
 static void quantize_tokens(void *ctx, int64_t t0, int64_t t1, int thread)

@@ -26,7 +26,7 @@
 /* Bytes of activations in int8 for n tokens of cols. */
 static inline int64_t pp__q8_act_bytes(int64_t n, int64_t cols)
 {
-    return n * cols + n * (cols / 32) * (int64_t)sizeof(float);
+    return n * cols + n * (cols / PP_Q8_0_BLOCK) * (int64_t)sizeof(float);
 }
 
 /* Points a->xq and a->xd into buf (pp__q8_act_bytes(a->n, a->cols) bytes). */

@@ -9,15 +9,10 @@
 #include "kernels/cpu/matmul_q8.h"
 #include "kernels/cpu/row_groups.h"
 
-/* Each weight row converted to f32 (exact), then one pp__dot per token; Q8_0 in integers
- * (kernels/cpu/matmul_q8.c). */
+/* Each weight row converted to f32 (exact), then one pp__dot per token. */
 static void matmul_rows_portable(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                  const struct pp_mm_scratch *s)
 {
-    if (a->dtype == PP_DTYPE_Q8_0) {
-        pp__mm_q8_portable(a, r0, r1, s);
-        return;
-    }
     const char *base = a->w;
     for (int64_t r = r0; r < r1; r++) {
         const float *wr = s->row;
@@ -75,7 +70,8 @@ static void bf16_portable(float *dst, const void *src, int64_t n)
 
 static const struct pp_simd portable = {
     "portable",      matmul_rows_portable, dot_portable,    dots_portable, wsum_portable,
-    exp_shift_portable, swiglu_portable,   f16_portable,    bf16_portable, pp__q8_act_portable};
+    exp_shift_portable, swiglu_portable,   f16_portable,    bf16_portable, pp__q8_act_portable,
+    pp__mm_q8_portable};
 
 const struct pp_simd *pp_simd_portable(void)
 {

@@ -130,6 +130,9 @@ struct pp_simd {
     pp_convert_fn f16_to_f32;
     pp_convert_fn bf16_to_f32;
     pp_q8_act_fn q8_act;
+    /* matmul_rows takes f32, f16 and bf16 weights; matmul_q8 Q8_0 ones, in integers, reading
+     * pp_mm_args.xq and xd (kernels/cpu/matmul_q8.h) */
+    pp_mm_rows_fn matmul_q8;
 };
 
 /* The best implementation for this CPU. PP_SIMD in the environment caps it: "portable", "avx2" or

@@ -390,9 +390,7 @@ void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 static void matmul_rows_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                              const struct pp_mm_scratch *s)
 {
-    if (a->dtype == PP_DTYPE_Q8_0)
-        pp__mm_q8_avx2(a, r0, r1, s);
-    else if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
+    if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct_avx2(a, r0, r1, s);
     else
         pp__mm_packed_avx2(a, r0, r1, s, &micro_avx2);
@@ -550,7 +548,7 @@ static void bf16_avx2(float *dst, const void *src, int64_t n)
 static const struct pp_simd avx2 = {"avx2",         matmul_rows_avx2, dot_avx2,
                                     dots_avx2,      wsum_avx2,        exp_shift_avx2,
                                     swiglu_avx2,    f16_avx2,         bf16_avx2,
-                                    pp__q8_act_avx2};
+                                    pp__q8_act_avx2, pp__mm_q8_avx2};
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -337,15 +337,10 @@ DTILE_DT(bf16, PP_DTYPE_BF16)
 /* [dtype][MR][NT]; Q8_0 runs in integers (kernels/cpu/matmul_q8.h) */
 static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16)};
 
-/* Q8_0 with VNNI where the CPU has it, else with the AVX2 dot products (set by avx512_init). */
-static pp_mm_rows_fn avx512_q8;
-
 static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                const struct pp_mm_scratch *s)
 {
-    if (a->dtype == PP_DTYPE_Q8_0)
-        avx512_q8(a, r0, r1, s);
-    else if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS)
+    if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS, zquads,
                       PP_MM_FOUR_GROUPS_MAX_TOKENS);
     else if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
@@ -364,9 +359,10 @@ static void avx512_init(void)
     avx512.name = "avx512";
     avx512.matmul_rows = matmul_rows_avx512;
     __builtin_cpu_init();
-    avx512_q8 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")
-                    ? pp__mm_q8_vnni
-                    : pp__mm_q8_avx2;
+    /* Q8_0 with VNNI where the CPU has it, else with the AVX2 dot products */
+    avx512.matmul_q8 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")
+                           ? pp__mm_q8_vnni
+                           : pp__mm_q8_avx2;
 }
 
 #if defined(__clang__)

@@ -221,8 +221,11 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
         pp__q8_act_fill(&f, fast->q8_act, 0, n);
         assert_memory_equal(qbuf, qfast, qbytes);
     }
+    /* each table's loops for this dtype */
+    pp_mm_rows_fn port_rows = dt == PP_DTYPE_Q8_0 ? port->matmul_q8 : port->matmul_rows;
+    pp_mm_rows_fn fast_rows = dt == PP_DTYPE_Q8_0 ? fast->matmul_q8 : fast->matmul_rows;
     a.y = y2;
-    port->matmul_rows(&a, 0, rows, &s);
+    port_rows(&a, 0, rows, &s);
     a.y = y1;
     char *wg = malloc((size_t)(rows * rb));
     pp__row_groups_pack(wg, w, dt, rows, cols);
@@ -236,14 +239,14 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
         /* in chunks of rows, as threads take them: which rows share a call changes no bit */
         memset(y1, 0, sizeof(float) * (size_t)(n * rows));
         for (int64_t r = 0; r < rows; r += chunk)
-            fast->matmul_rows(&a, r, r + chunk < rows ? r + chunk : rows, &s);
+            fast_rows(&a, r, r + chunk < rows ? r + chunk : rows, &s);
         if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
             fail_msg("matmul_rows %s [%lld,%lld] n=%lld, prefetch L%d: %s and portable differ",
                      pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, l2 + 1,
                      fast->name);
         memset(y1, 0, sizeof(float) * (size_t)(n * rows));
         for (int64_t r = 0; r < rows; r += gchunk)
-            fast->matmul_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
+            fast_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
         if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
             fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups, prefetch L%d: %s and "
                      "portable differ",
@@ -253,7 +256,7 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
     /* the portable loop reads row groups back row by row (pp__row_groups_row_to_f32) */
     float *y3 = malloc(sizeof(float) * (size_t)(n * rows));
     g.y = y3;
-    port->matmul_rows(&g, 0, rows, &s);
+    port_rows(&g, 0, rows, &s);
     if (memcmp(y3, y2, sizeof(float) * (size_t)(n * rows)) != 0)
         fail_msg("matmul_rows %s [%lld,%lld] n=%lld: portable on row groups and on rows differ",
                  pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n);
