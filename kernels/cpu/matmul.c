@@ -21,8 +21,13 @@
 #define ROW_GRAIN 96
 #endif
 #define ROW_GRAIN_PACKED 48
-_Static_assert(ROW_GRAIN % PP_ROW_GROUP == 0 && ROW_GRAIN_PACKED % PP_ROW_GROUP == 0,
-               "a thread's rows start at a row group");
+/* The few-token chunks shrink towards the end of a matmul, to no fewer rows than this (two of the
+ * 12-row one-token tiles), so that the threads finish it together: one job's tail had left a
+ * thread idle for half a 96-row chunk on average (pp_threadpool_run_dynamic). */
+#define ROW_GRAIN_MIN 24
+_Static_assert(ROW_GRAIN % PP_ROW_GROUP == 0 && ROW_GRAIN_PACKED % PP_ROW_GROUP == 0 &&
+                   ROW_GRAIN_MIN % 12 == 0 && ROW_GRAIN % ROW_GRAIN_MIN == 0,
+               "a thread's rows start at a row group and a whole tile");
 
 struct matmul_job {
     struct pp_cpu *cpu;
@@ -104,7 +109,11 @@ void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struc
             else
                 pp_threadpool_run(c->pool, quantize_tokens, &j, nt, 4);
         }
-        pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, w->rows,
-                                  nt > PP_MM_DIRECT_MAX_TOKENS ? ROW_GRAIN_PACKED : ROW_GRAIN);
+        if (nt > PP_MM_DIRECT_MAX_TOKENS)
+            pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, w->rows, ROW_GRAIN_PACKED,
+                                      ROW_GRAIN_PACKED);
+        else
+            pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, w->rows, ROW_GRAIN,
+                                      ROW_GRAIN_MIN);
     }
 }

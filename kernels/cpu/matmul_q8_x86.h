@@ -31,7 +31,10 @@
 /* Tiles prefetch each row's int8 (and, in the copy, its scales) one tile ahead: the same block
  * of the row R rows on, during the rows' first token tile. One thread, one token, from memory
  * (pp_bench_matmul, the Zen 4 host): units of three rows' blocks, 16 KiB ahead, streamed
- * 20.2-22.9 GB/s; these tiles 26.6-28.7 (docs/benchmarks.md, "Q8_0 in integers"). */
+ * 20.2-22.9 GB/s; these tiles 26.6-28.7 (docs/benchmarks.md, "Q8_0 in integers"). The prefetch
+ * mode is fixed at compile time in each tile (no flag tested per block) and, in the copy, a full
+ * group of 8 blocks prefetches once per line instead of once per block: one thread, weights in
+ * L2, one token 40.8-43.6 GB/s against 37.7-39.4 before (docs/benchmarks.md, "Q8_0 prefetch"). */
 #define Q8_ROWS_MANY 3 /* rows per tile beyond two tokens */
 
 /* A tile: row r's int8 of block 0 at q[r] and its scale at d[r], each next block's 32 and 2
@@ -95,67 +98,85 @@ Q8_AI __m256i q8_neg128sum(__m256i s)
 #endif
 }
 
-/* R rows × T tokens from token t0; WB: the weights in the split rows of row groups. */
+/* Block b8 + j of a tile's R rows × T tokens into acc. PF: 0 no prefetch, 1 one per block, 2 one
+ * per line (the copy's blocks of a whole group of 8: at even j, the line that holds byte 32 of the
+ * block, which is the line of blocks j and j + 1 when the row's int8 starts on a line and else the
+ * line after, whose first half is block j + 1); L2: prefetch into L2 rather than L1. */
+Q8_AI void q8_block(__m256 acc[4][4], const struct q8_tile *m, const int8_t *const *xq,
+                    const float sc[4][4][8], int64_t b8, int j, int64_t ahead, int R, int WB,
+                    int T, int PF, int L2)
+{
+    const int64_t qs = WB ? PP_Q8_0_BLOCK : PP_Q8_0_BYTES;
+    int64_t b = b8 + j;
+    __m256i xv[4], ncx[4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+    {
+        xv[t] = _mm256_loadu_si256((const __m256i *)(xq[t] + b * PP_Q8_0_BLOCK));
+        if (Q8_BIAS && WB)
+            ncx[t] = q8_neg128sum(xv[t]);
+        else if (Q8_BIAS)
+            xv[t] = _mm256_xor_si256(xv[t], _mm256_set1_epi8((char)0x80));
+    }
+    (void)ncx;
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+    {
+        const char *u = m->q[r] + b * qs;
+        if (PF == 1)
+            q8_prefetch(u + ahead, L2);
+        else if (PF == 2 && !(j & 1))
+            q8_prefetch(u + ahead + 32, L2);
+        __m256i w = _mm256_loadu_si256((const __m256i *)u);
+#if Q8_BIAS
+        __m256i nc = WB ? _mm256_setzero_si256() : q8_neg128sum(w);
+#else
+        if (WB)
+            w = _mm256_xor_si256(w, _mm256_set1_epi8((char)PP_Q8_GROUP_BIAS));
+        __m256i aw = _mm256_abs_epi8(w);
+#endif
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+        {
+#if Q8_BIAS
+            __m256i sum = WB ? Q8_DPBUSD(ncx[t], w, xv[t]) : Q8_DPBUSD(nc, xv[t], w);
+#else
+            __m256i sum = Q8_DOT(aw, _mm256_sign_epi8(xv[t], w));
+#endif
+            acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                                        _mm256_broadcast_ss(&sc[r][t][j]), acc[r][t]);
+        }
+    }
+}
+
+/* R rows × T tokens from token t0; WB: the weights in the split rows of row groups; PF (0 or 1)
+ * and L2: whether and where the tile prefetches the next tile's rows (the first token tile of
+ * its rows does). */
 Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int R, int WB, int T,
-                  int64_t t0)
+                  int64_t t0, int PF, int L2)
 {
     __m256 acc[4][4];
     float sc[4][4][8];
     const int8_t *xq[4];
     const float *xd[4];
     int64_t blocks = a->cols / PP_Q8_0_BLOCK;
-    const int64_t qs = WB ? PP_Q8_0_BLOCK : PP_Q8_0_BYTES;
     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
     {
         xq[t] = a->xq + (t0 + t) * a->cols;
         xd[t] = a->xd + (t0 + t) * blocks;
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] = _mm256_setzero_ps();
     }
-    const int l2 = a->prefetch_l2, pf = t0 == 0;
     const int64_t ahead = R * m->row_bytes;
     for (int64_t b8 = 0; b8 < blocks; b8 += 8) {
         int n = blocks - b8 < 8 ? (int)(blocks - b8) : 8;
-        if (pf && WB) { /* the rows' scales of the next tile, beside its int8 */
+        if (PF && WB) { /* the rows' scales of the next tile, beside its int8 */
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-                q8_prefetch(m->d[r] + 2 * b8 + ahead, l2);
+                q8_prefetch(m->d[r] + 2 * b8 + ahead, L2);
         }
         q8_scales8(sc, m, xd, R, WB, T, b8, n);
-        for (int j = 0; j < n; j++) {
-            int64_t b = b8 + j;
-            __m256i xv[4], ncx[4];
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-            {
-                xv[t] = _mm256_loadu_si256((const __m256i *)(xq[t] + b * PP_Q8_0_BLOCK));
-                if (Q8_BIAS && WB)
-                    ncx[t] = q8_neg128sum(xv[t]);
-                else if (Q8_BIAS)
-                    xv[t] = _mm256_xor_si256(xv[t], _mm256_set1_epi8((char)0x80));
-            }
-            (void)ncx;
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-            {
-                const char *u = m->q[r] + b * qs;
-                if (pf)
-                    q8_prefetch(u + ahead, l2);
-                __m256i w = _mm256_loadu_si256((const __m256i *)u);
-#if Q8_BIAS
-                __m256i nc = WB ? _mm256_setzero_si256() : q8_neg128sum(w);
-#else
-                if (WB)
-                    w = _mm256_xor_si256(w, _mm256_set1_epi8((char)PP_Q8_GROUP_BIAS));
-                __m256i aw = _mm256_abs_epi8(w);
-#endif
-                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-                {
-#if Q8_BIAS
-                    __m256i sum = WB ? Q8_DPBUSD(ncx[t], w, xv[t]) : Q8_DPBUSD(nc, xv[t], w);
-#else
-                    __m256i sum = Q8_DOT(aw, _mm256_sign_epi8(xv[t], w));
-#endif
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
-                                                _mm256_broadcast_ss(&sc[r][t][j]), acc[r][t]);
-                }
-            }
+        if (n == 8) {
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                q8_block(acc, m, xq, sc, b8, j, ahead, R, WB, T, PF && WB ? 2 : PF, L2);
+        } else {
+            for (int j = 0; j < n; j++)
+                q8_block(acc, m, xq, sc, b8, j, ahead, R, WB, T, PF, L2);
         }
     }
     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
@@ -165,11 +186,24 @@ Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int R, in
     }
 }
 
+/* A tile with its prefetch mode fixed at compile time: the first token tile of its rows
+ * prefetches (into L2 or L1, as the backend picked), the others do not. */
+Q8_AI void q8_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int R, int WB, int T,
+                     int64_t t0)
+{
+    if (t0 != 0)
+        q8_run(a, m, R, WB, T, t0, 0, 0);
+    else if (a->prefetch_l2)
+        q8_run(a, m, R, WB, T, t0, 1, 1);
+    else
+        q8_run(a, m, R, WB, T, t0, 1, 0);
+}
+
 #define Q8_TILE(r, wb, t)                                                                          \
     __attribute__((noinline)) static void q8_tile_##r##_##wb##_##t(                                \
         const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                           \
     {                                                                                              \
-        q8_run(a, m, r, wb, t, t0);                                                                \
+        q8_run_pf(a, m, r, wb, t, t0);                                                             \
     }
 #define Q8_TILES(wb)                                                                               \
     Q8_TILE(1, wb, 1) Q8_TILE(1, wb, 2) Q8_TILE(1, wb, 3) Q8_TILE(1, wb, 4)                         \
@@ -177,12 +211,12 @@ Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int R, in
     __attribute__((noinline)) static void q8_tile_one_##wb(const struct pp_mm_args *a,            \
                                                           const struct q8_tile *m, int64_t t0)    \
     {                                                                                              \
-        q8_run(a, m, Q8_STREAMS_ONE, wb, 1, t0);                                                   \
+        q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 1, t0);                                                \
     }                                                                                              \
     __attribute__((noinline)) static void q8_tile_two_##wb(const struct pp_mm_args *a,            \
                                                           const struct q8_tile *m, int64_t t0)    \
     {                                                                                              \
-        q8_run(a, m, Q8_STREAMS_ONE, wb, 2, t0);                                                   \
+        q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 2, t0);                                                \
     }
 Q8_TILES(0)
 Q8_TILES(1)

@@ -29,8 +29,9 @@ struct pp_threadpool {
     void *ctx;
     int64_t n_items;
     int64_t grain;
+    int64_t min_grain;    /* dynamic: the smallest chunk, which every chunk is a multiple of */
     int dynamic;          /* chunks handed out in order from `next` instead of fixed ranges */
-    _Atomic int64_t next; /* dynamic: the next chunk to hand out */
+    _Atomic int64_t next; /* dynamic: the first item not yet handed out */
 };
 
 struct worker_arg {
@@ -38,16 +39,33 @@ struct worker_arg {
     int index;
 };
 
+/* The next chunk of a dynamic job: grain items while plenty are left, then a share of what is
+ * left (1 / (2 · threads) of it, in multiples of min_grain), so that the threads run out of work
+ * about together instead of one finishing a whole grain while the others wait. */
+static int64_t dynamic_chunk(const struct pp_threadpool *p, int64_t left)
+{
+    int64_t share = (left + 2 * p->n_threads - 1) / (2 * p->n_threads);
+    share = (share + p->min_grain - 1) / p->min_grain * p->min_grain;
+    return share < p->grain ? share : p->grain;
+}
+
 static void run_share(struct pp_threadpool *p, int index)
 {
     if (p->dynamic) {
+        int64_t begin = atomic_load_explicit(&p->next, memory_order_relaxed);
         for (;;) {
-            int64_t c = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-            int64_t begin = c * p->grain;
             if (begin >= p->n_items)
                 return;
-            int64_t end = begin + p->grain < p->n_items ? begin + p->grain : p->n_items;
+            int64_t end = begin + dynamic_chunk(p, p->n_items - begin);
+            if (end > p->n_items)
+                end = p->n_items;
+            /* on failure begin is reloaded with the current value */
+            if (!atomic_compare_exchange_weak_explicit(&p->next, &begin, end,
+                                                       memory_order_relaxed,
+                                                       memory_order_relaxed))
+                continue;
             p->fn(p->ctx, begin, end, index);
+            begin = atomic_load_explicit(&p->next, memory_order_relaxed);
         }
     }
     int64_t chunks = (p->n_items + p->grain - 1) / p->grain;
@@ -164,12 +182,15 @@ int pp_threadpool_size(const struct pp_threadpool *p)
 }
 
 static void run_job(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n_items,
-                    int64_t grain, int dynamic)
+                    int64_t grain, int64_t min_grain, int dynamic)
 {
     if (n_items <= 0)
         return;
     if (grain < 1)
         grain = 1;
+    if (min_grain < 1 || min_grain > grain)
+        min_grain = grain;
+    grain = grain / min_grain * min_grain;
     if (p->n_threads == 1 || n_items <= grain) {
         fn(ctx, 0, n_items, 0);
         return;
@@ -178,6 +199,7 @@ static void run_job(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n
     p->ctx = ctx;
     p->n_items = n_items;
     p->grain = grain;
+    p->min_grain = min_grain;
     p->dynamic = dynamic;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
@@ -205,11 +227,11 @@ static void run_job(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n
 void pp_threadpool_run(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n_items,
                        int64_t grain)
 {
-    run_job(p, fn, ctx, n_items, grain, 0);
+    run_job(p, fn, ctx, n_items, grain, grain, 0);
 }
 
 void pp_threadpool_run_dynamic(struct pp_threadpool *p, pp_task_fn fn, void *ctx, int64_t n_items,
-                               int64_t grain)
+                               int64_t grain, int64_t min_grain)
 {
-    run_job(p, fn, ctx, n_items, grain, 1);
+    run_job(p, fn, ctx, n_items, grain, min_grain, 1);
 }

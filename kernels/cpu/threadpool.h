@@ -24,11 +24,16 @@ int pp_threadpool_size(const struct pp_threadpool *pool);
 void pp_threadpool_run(struct pp_threadpool *pool, pp_task_fn fn, void *ctx, int64_t n_items,
                        int64_t grain);
 
-/* As pp_threadpool_run, but threads take grain-sized chunks in order from a shared counter until
- * none are left: a thread that was preempted simply takes fewer chunks instead of holding the
- * others at the end of the job. Which thread computes a chunk varies from run to run, so fn must
- * compute each item the same way on any thread (the kernels do; per-thread scratch is fine). */
+/* As pp_threadpool_run, but threads take chunks in order from a shared counter until none are
+ * left: a thread that was preempted simply takes fewer chunks instead of holding the others at the
+ * end of the job. A chunk is `grain` items while more than 2 · threads · grain are left, then
+ * 1 / (2 · threads) of what is left, rounded up to a multiple of min_grain (at least min_grain),
+ * so the last chunks are small and the threads finish close together. Every chunk starts on a
+ * multiple of min_grain and all but the last end on one (grain is rounded down to a multiple;
+ * min_grain < 1 or > grain means grain). Which thread computes a chunk varies from run to run,
+ * so fn must compute each item the same way on any thread (the kernels do; per-thread scratch is
+ * fine). */
 void pp_threadpool_run_dynamic(struct pp_threadpool *pool, pp_task_fn fn, void *ctx,
-                               int64_t n_items, int64_t grain);
+                               int64_t n_items, int64_t grain, int64_t min_grain);
 
 #endif

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -74,6 +75,79 @@ static void test_every_item_once(void **state)
         for (size_t i = 0; i < sizeof(items) / sizeof(items[0]); i++)
             for (size_t g = 0; g < sizeof(grains) / sizeof(grains[0]); g++)
                 run_and_check(p, n_threads, items[i], grains[g]);
+        pp_threadpool_free(p);
+    }
+}
+
+/* The chunks of one dynamic job, recorded as threads take them. */
+struct chunks {
+    _Atomic int n;
+    int64_t begin[MAX_ITEMS], end[MAX_ITEMS];
+};
+
+static void chunk_fn(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    struct chunks *c = ctx;
+    int i = atomic_fetch_add(&c->n, 1);
+    if (i < MAX_ITEMS) {
+        c->begin[i] = begin;
+        c->end[i] = end;
+    }
+}
+
+static int by_begin(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/* A dynamic job hands out every item once, in chunks that start on a multiple of min_grain, hold
+ * grain items while plenty are left and shrink towards the end: the chunks in order never grow,
+ * and the last whole one has min_grain items (with fixed chunks of 96, the tail of 1000 items
+ * would be one chunk of 40 and a thread could wait for a whole 96). */
+static void test_dynamic_chunks_shrink(void **state)
+{
+    (void)state;
+    static struct chunks c;
+    static int64_t pairs[MAX_ITEMS][2];
+    const int64_t items[] = {1, 23, 24, 25, 200, 1000, 2048};
+    for (int n_threads = 1; n_threads <= 4; n_threads++) {
+        struct pp_threadpool *p = NULL;
+        assert_int_equal(pp_threadpool_new(n_threads, &p), PP_OK);
+        for (size_t k = 0; k < sizeof(items) / sizeof(items[0]); k++) {
+            int64_t n = items[k];
+            memset(&c, 0, sizeof(c));
+            pp_threadpool_run_dynamic(p, chunk_fn, &c, n, 96, 24);
+            int m = atomic_load(&c.n);
+            assert_in_range(m, 1, MAX_ITEMS - 1);
+            for (int i = 0; i < m; i++) {
+                pairs[i][0] = c.begin[i];
+                pairs[i][1] = c.end[i];
+            }
+            qsort(pairs, (size_t)m, sizeof(pairs[0]), by_begin);
+            int64_t at = 0, last_size = 96;
+            for (int i = 0; i < m; i++) {
+                int64_t size = pairs[i][1] - pairs[i][0];
+                if (n <= 96 || n_threads == 1) { /* run inline in one call */
+                    assert_int_equal(m, 1);
+                    assert_int_equal(size, n);
+                    break;
+                }
+                assert_int_equal(pairs[i][0], at); /* contiguous: every item once */
+                assert_int_equal(pairs[i][0] % 24, 0);
+                assert_true(size <= last_size);
+                if (pairs[i][1] < n) {
+                    assert_int_equal(size % 24, 0);
+                    last_size = size;
+                }
+                at = pairs[i][1];
+            }
+            if (n > 96 && n_threads > 1) {
+                assert_int_equal(at, n);
+                assert_int_equal(last_size, 24);
+            }
+        }
         pp_threadpool_free(p);
     }
 }
@@ -164,7 +238,7 @@ static void test_one_cpu_no_stall(void **state)
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
     for (int run = 0; run < jobs; run++) {
         int64_t partial[2] = {0};
-        pp_threadpool_run_dynamic(p, sum_fn, partial, 64, 8);
+        pp_threadpool_run_dynamic(p, sum_fn, partial, 64, 8, 8);
         assert_int_equal(partial[0] + partial[1], 64 * 63 / 2);
     }
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
@@ -224,6 +298,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_item_once),
+        cmocka_unit_test(test_dynamic_chunks_shrink),
         cmocka_unit_test(test_pool_of_one),
         cmocka_unit_test(test_many_runs),
         cmocka_unit_test(test_one_cpu_no_stall),
