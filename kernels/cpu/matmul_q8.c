@@ -51,17 +51,6 @@ void pp__q8_act_fill(const struct pp_mm_args *a, pp_q8_act_fn act, int64_t t0, i
             a->cols);
 }
 
-void pp__q8_row_at(const struct pp_mm_args *a, int64_t r, const char **q, const char **d,
-                   int64_t *q_stride, int64_t *d_stride)
-{
-    int64_t blocks = a->cols / PP_Q8_0_BLOCK;
-    const char *row = (const char *)a->w + r * a->row_bytes;
-    *d = row;
-    *q = a->grouped ? row + 2 * blocks : row + 2;
-    *q_stride = a->grouped ? PP_Q8_0_BLOCK : PP_Q8_0_BYTES;
-    *d_stride = a->grouped ? 2 : PP_Q8_0_BYTES;
-}
-
 /* One output element in the canonical order. */
 static float q8_dot(const char *q, const char *d, int64_t q_stride, int64_t d_stride, int bias,
                     const int8_t *xq, const float *xd, int64_t blocks)

@@ -54,8 +54,16 @@ void pp__q8_act_avx2(int8_t *q, float *d, const float *x, int64_t cols);
 /* Where row r of a Q8_0 weight keeps block 0: its int8 at *q and its f16 scale at *d, block b's
  * at b · *q_stride and b · *d_stride further: 34 and 34 in the file's row-major blocks, 32 and 2
  * in the split rows of a->grouped, whose int8 are stored XOR PP_Q8_GROUP_BIAS
- * (kernels/cpu/row_groups.h). */
-void pp__q8_row_at(const struct pp_mm_args *a, int64_t r, const char **q, const char **d,
-                   int64_t *q_stride, int64_t *d_stride);
+ * (kernels/cpu/row_groups.h). Inline: the tiles call it for every row. */
+static inline void pp__q8_row_at(const struct pp_mm_args *a, int64_t r, const char **q,
+                                 const char **d, int64_t *q_stride, int64_t *d_stride)
+{
+    int64_t blocks = a->cols / PP_Q8_0_BLOCK;
+    const char *row = (const char *)a->w + r * a->row_bytes;
+    *d = row;
+    *q = a->grouped ? row + 2 * blocks : row + 2;
+    *q_stride = a->grouped ? PP_Q8_0_BLOCK : PP_Q8_0_BYTES;
+    *d_stride = a->grouped ? 2 : PP_Q8_0_BYTES;
+}
 
 #endif
