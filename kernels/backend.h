@@ -93,6 +93,9 @@ enum pp_route_mode {
 
 struct pp_backend;
 
+/* The most weights one matmul_many call takes (q, k and v). */
+#define PP_MATMUL_MANY_MAX 3
+
 struct pp_backend_ops {
     /* Sizes scratch for matmuls up to max_cols input features and attention over up to max_context
      * positions. The executor calls it once before any op; ops assume it succeeded. */
@@ -135,6 +138,11 @@ struct pp_backend_ops {
     /* y[n, w.rows] = x[n, w.cols] · wᵀ (w as loaded by weight_load). */
     void (*matmul)(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
                    int64_t n);
+    /* y[i][n, w[i].rows] = x[n, cols] · w[i]ᵀ for i < count (1..PP_MATMUL_MANY_MAX), all w[i] of
+     * the same cols: the same bits as count matmul calls, in one pass where the backend can (the
+     * CPU backend's threads split the rows of all of them in one job and prepare x once). */
+    void (*matmul_many)(struct pp_backend *be, int count, float *const y[], const float *x,
+                        const struct pp_weight *const w[], int64_t n);
     /* y[n, dim] = x / sqrt(mean(x²) + eps) * g[dim]; y may alias x. */
     void (*rmsnorm)(struct pp_backend *be, float *y, const float *x, const float *g, int64_t n,
                     int64_t dim, float eps);

@@ -38,9 +38,9 @@ static void run_layer(struct pp_executor *ex, struct pp_exec_worker *w,
     int64_t kv_dim = (int64_t)s->n_kv_heads * c->head_dim;
 
     op->rmsnorm(be, w->xb, w->x, lw->attn_norm, T, c->dim, c->norm_eps);
-    op->matmul(be, w->q, w->xb, &lw->wq, T);
-    op->matmul(be, w->k, w->xb, &lw->wk, T);
-    op->matmul(be, w->v, w->xb, &lw->wv, T);
+    float *qkv[3] = {w->q, w->k, w->v};
+    const struct pp_weight *wqkv[3] = {&lw->wq, &lw->wk, &lw->wv};
+    op->matmul_many(be, 3, qkv, w->xb, wqkv, T);
     if (lw->bq)
         op->add_bias(be, w->q, lw->bq, T, q_dim);
     if (lw->bk)
@@ -65,8 +65,9 @@ static void run_layer(struct pp_executor *ex, struct pp_exec_worker *w,
         op->add(be, w->x, w->moe_out, T * c->dim);
         return;
     }
-    op->matmul(be, w->gate, w->xb, &lw->w_gate, T);
-    op->matmul(be, w->up, w->xb, &lw->w_up, T);
+    float *gate_up[2] = {w->gate, w->up};
+    const struct pp_weight *wgu[2] = {&lw->w_gate, &lw->w_up};
+    op->matmul_many(be, 2, gate_up, w->xb, wgu, T);
     op->swiglu(be, w->gate, w->gate, w->up, T * s->ffn_dim);
     op->matmul(be, w->xb, w->gate, &lw->w_down, T);
     all_reduce(ex, w, w->xb, T * c->dim);

@@ -68,6 +68,7 @@ static const struct pp_backend_ops cpu_ops = {
     .vec_load = pp__cpu_vec_load,
     .vec_free = pp__cpu_vec_free,
     .matmul = pp__cpu_matmul,
+    .matmul_many = pp__cpu_matmul_many,
     .rmsnorm = pp__cpu_rmsnorm,
     .rope = pp__cpu_rope,
     .kv_store = pp__cpu_kv_store,

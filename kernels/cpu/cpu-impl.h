@@ -140,6 +140,8 @@ int64_t pp__cpu_attn_parts(int64_t max_cols, int64_t max_context);
 
 void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
                     int64_t n);
+void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], const float *x,
+                         const struct pp_weight *const w[], int64_t n);
 void pp__cpu_rmsnorm(struct pp_backend *be, float *y, const float *x, const float *g, int64_t n,
                      int64_t dim, float eps);
 void pp__cpu_rope(struct pp_backend *be, float *x, const int32_t *pos, int64_t n, int32_t n_heads,

@@ -29,10 +29,19 @@ _Static_assert(ROW_GRAIN % PP_ROW_GROUP == 0 && ROW_GRAIN_PACKED % PP_ROW_GROUP 
                    ROW_GRAIN_MIN % 12 == 0 && ROW_GRAIN % ROW_GRAIN_MIN == 0,
                "a thread's rows start at a row group and a whole tile");
 
+/* The weights of one job side by side in one space of rows, each starting at a multiple of
+ * ROW_SPACE_ALIGN (so every chunk starts a whole tile and row group of the weight it falls in);
+ * rows between one weight's end and the next one's start are empty. */
+#define ROW_SPACE_ALIGN 48
+_Static_assert(ROW_SPACE_ALIGN % ROW_GRAIN_MIN == 0 && ROW_SPACE_ALIGN % ROW_GRAIN_PACKED == 0,
+               "a weight starts where a chunk may");
+
 struct matmul_job {
     struct pp_cpu *cpu;
-    struct pp_mm_args args;
-    const float *src; /* rows cols apart, copied to padded, ldx apart */
+    int count;
+    struct pp_mm_args args[PP_MATMUL_MANY_MAX]; /* weight i's matmul; x, n, xq, xd shared */
+    int64_t start[PP_MATMUL_MANY_MAX + 1];      /* weight i's rows in the job's space */
+    const float *src;                           /* rows cols apart, copied to padded, ldx apart */
     float *padded;
 };
 
@@ -43,14 +52,20 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread)
                               pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_PANEL, thread),
                               pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_ACC, thread)};
     const struct pp_simd *simd = j->cpu->simd;
-    (j->args.dtype == PP_DTYPE_Q8_0 ? simd->matmul_q8 : simd->matmul_rows)(&j->args, r0, r1, &s);
+    for (int i = 0; i < j->count; i++) {
+        const struct pp_mm_args *a = &j->args[i];
+        int64_t b = r0 > j->start[i] ? r0 - j->start[i] : 0;
+        int64_t e = r1 - j->start[i] < a->rows ? r1 - j->start[i] : a->rows;
+        if (b < e)
+            (a->dtype == PP_DTYPE_Q8_0 ? simd->matmul_q8 : simd->matmul_rows)(a, b, e, &s);
+    }
 }
 
 static void quantize_tokens(void *ctx, int64_t t0, int64_t t1, int thread)
 {
     struct matmul_job *j = ctx;
     (void)thread;
-    pp__q8_act_fill(&j->args, j->cpu->simd->q8_act, t0, t1);
+    pp__q8_act_fill(&j->args[0], j->cpu->simd->q8_act, t0, t1);
 }
 
 static void copy_padded(void *ctx, int64_t t0, int64_t t1, int thread)
@@ -58,8 +73,8 @@ static void copy_padded(void *ctx, int64_t t0, int64_t t1, int thread)
     struct matmul_job *j = ctx;
     (void)thread;
     for (int64_t t = t0; t < t1; t++)
-        memcpy(j->padded + t * j->args.ldx, j->src + t * j->args.cols,
-               (size_t)j->args.cols * sizeof(float));
+        memcpy(j->padded + t * j->args[0].ldx, j->src + t * j->args[0].cols,
+               (size_t)j->args[0].cols * sizeof(float));
 }
 
 /* The many-token nest reads each of a token group's activation rows at the same offset k, so rows
@@ -72,48 +87,85 @@ static void copy_padded(void *ctx, int64_t t0, int64_t t1, int thread)
  * no bit. A Q8_0 matmul reads its activations in int8 instead (kernels/cpu/matmul_q8.h): each
  * slice of PP_MM_X_PADDED_TOKENS tokens is quantized into the same buffer first, by the caller
  * for a few tokens and over the pool for more. */
-void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
-                    int64_t n)
+/* Weights that one job can run together: the same cols, and the same preparation of x (Q8_0
+ * quantizes it, the others may pad it, into the same buffer). */
+static int fusable(const struct pp_weight *const w[], int count)
+{
+    for (int i = 1; i < count; i++)
+        if (w[i]->cols != w[0]->cols ||
+            (w[i]->dtype == PP_DTYPE_Q8_0) != (w[0]->dtype == PP_DTYPE_Q8_0))
+            return 0;
+    return 1;
+}
+
+void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], const float *x,
+                         const struct pp_weight *const w[], int64_t n)
 {
     struct pp_cpu *c = pp__cpu(be);
-    assert(w->cols <= c->cap[PP_CPU_SCRATCH_ROW] &&
-           "backend reserve() not called for these shapes");
-    struct matmul_job j = {c,
-                           {y, x, w->cols, w->data, w->dtype, w->rows, w->cols, n,
-                            pp_dtype_row_bytes(w->dtype, w->cols),
-                            w->layout == PP_WEIGHT_ROW_GROUPS, c->prefetch_l2},
-                           NULL,
-                           c->x_padded};
-    int q8 = w->dtype == PP_DTYPE_Q8_0;
-    int pad = !q8 && n > PP_MM_DIRECT_MAX_TOKENS && w->cols % 256 == 0;
+    assert(count >= 1 && count <= PP_MATMUL_MANY_MAX);
+    if (!fusable(w, count)) {
+        for (int i = 0; i < count; i++)
+            pp__cpu_matmul_many(be, 1, &y[i], x, &w[i], n);
+        return;
+    }
+    int64_t cols = w[0]->cols;
+    assert(cols <= c->cap[PP_CPU_SCRATCH_ROW] && "backend reserve() not called for these shapes");
+    struct matmul_job j = {.cpu = c, .count = count, .padded = c->x_padded};
+    for (int i = 0; i < count; i++) {
+        j.args[i] = (struct pp_mm_args){y[i], x, cols, w[i]->data, w[i]->dtype, w[i]->rows, cols, n,
+                                        pp_dtype_row_bytes(w[i]->dtype, cols),
+                                        w[i]->layout == PP_WEIGHT_ROW_GROUPS, c->prefetch_l2};
+        j.start[i + 1] = (j.start[i] + w[i]->rows + ROW_SPACE_ALIGN - 1) / ROW_SPACE_ALIGN *
+                         ROW_SPACE_ALIGN;
+    }
+    int64_t space = j.start[count - 1] + w[count - 1]->rows;
+    int q8 = w[0]->dtype == PP_DTYPE_Q8_0;
+    int pad = !q8 && n > PP_MM_DIRECT_MAX_TOKENS && cols % 256 == 0;
     int64_t slice = pad || q8 ? PP_MM_X_PADDED_TOKENS : n;
+    struct pp_mm_args *a0 = &j.args[0];
     if (pad) {
-        j.args.ldx = w->cols + PP_MM_X_PAD;
-        j.args.x = j.padded;
-        assert(PP_MM_X_PADDED_TOKENS * j.args.ldx <= c->x_padded_cap);
+        a0->ldx = cols + PP_MM_X_PAD;
+        a0->x = j.padded;
+        assert(PP_MM_X_PADDED_TOKENS * a0->ldx <= c->x_padded_cap);
     }
     for (int64_t t0 = 0; t0 < n; t0 += slice) {
         int64_t nt = n - t0 < slice ? n - t0 : slice;
-        j.args.y = y + t0 * w->rows;
-        j.args.n = nt;
+        a0->n = nt;
         if (pad) {
-            j.src = x + t0 * w->cols;
+            j.src = x + t0 * cols;
             pp_threadpool_run(c->pool, copy_padded, &j, nt, 8);
         }
         if (q8) {
-            j.args.x = x + t0 * w->cols;
-            assert(pp__q8_act_bytes(nt, w->cols) <= c->x_padded_cap * (int64_t)sizeof(float));
-            pp__q8_act_bind(&j.args, j.padded);
+            a0->x = x + t0 * cols;
+            assert(pp__q8_act_bytes(nt, cols) <= c->x_padded_cap * (int64_t)sizeof(float));
+            pp__q8_act_bind(a0, j.padded);
             if (nt < 8)
-                pp__q8_act_fill(&j.args, c->simd->q8_act, 0, nt);
+                pp__q8_act_fill(a0, c->simd->q8_act, 0, nt);
             else
                 pp_threadpool_run(c->pool, quantize_tokens, &j, nt, 4);
         }
+        for (int i = 0; i < count; i++) {
+            struct pp_mm_args *a = &j.args[i];
+            if (i > 0) { /* the same activations as weight 0's */
+                a->x = a0->x;
+                a->ldx = a0->ldx;
+                a->n = nt;
+                a->xq = a0->xq;
+                a->xd = a0->xd;
+            }
+            a->y = y[i] + t0 * a->rows;
+        }
         if (nt > PP_MM_DIRECT_MAX_TOKENS)
-            pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, w->rows, ROW_GRAIN_PACKED,
+            pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, space, ROW_GRAIN_PACKED,
                                       ROW_GRAIN_PACKED);
         else
-            pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, w->rows, ROW_GRAIN,
+            pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, space, ROW_GRAIN,
                                       ROW_GRAIN_MIN);
     }
+}
+
+void pp__cpu_matmul(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
+                    int64_t n)
+{
+    pp__cpu_matmul_many(be, 1, &y, x, &w, n);
 }

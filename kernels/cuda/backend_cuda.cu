@@ -168,6 +168,7 @@ static struct pp_backend_ops make_ops(void)
     o.vec_load = pp__cuda_vec_load;
     o.vec_free = pp__cuda_vec_free;
     o.matmul = pp__cuda_matmul;
+    o.matmul_many = pp__cuda_matmul_many;
     o.rmsnorm = pp__cuda_rmsnorm;
     o.rope = pp__cuda_rope;
     o.kv_store = pp__cuda_kv_store;

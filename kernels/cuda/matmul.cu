@@ -257,3 +257,13 @@ void pp__cuda_matmul(struct pp_backend *be, float *y, const float *x, const stru
                       "it to bf16)", pp_dtype_name(w->dtype));
     }
 }
+
+/* One launch per weight, in order on the backend's stream. One GEMV launch over all of them
+ * (wk and wv alone keep few SMs busy: docs/benchmarks.md) waits for a session with a GPU to
+ * measure it. */
+void pp__cuda_matmul_many(struct pp_backend *be, int count, float *const y[], const float *x,
+                          const struct pp_weight *const w[], int64_t n)
+{
+    for (int i = 0; i < count; i++)
+        pp__cuda_matmul(be, y[i], x, w[i], n);
+}

@@ -6,5 +6,7 @@
 
 void pp__cuda_matmul(struct pp_backend *be, float *y, const float *x, const struct pp_weight *w,
                      int64_t n);
+void pp__cuda_matmul_many(struct pp_backend *be, int count, float *const y[], const float *x,
+                          const struct pp_weight *const w[], int64_t n);
 
 #endif

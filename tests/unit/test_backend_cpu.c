@@ -410,6 +410,74 @@ static void test_matmul_simd_matches_portable(void **state)
 /* --- element-wise ops
  * ------------------------------------------------------------------------------ */
 
+/* matmul_many gives every weight the bits of its own matmul call, on any thread count, for one
+ * token up to more than one padded slice, in both layouts, with weights whose rows are not
+ * multiples of the chunks (their outputs must not spill into the next weight's), and with
+ * weights that cannot share one job (Q8_0 beside f16: run one by one). */
+static void test_matmul_many(void **state)
+{
+    (void)state;
+    struct pp_backend *be[N_BE];
+    backends_new(be);
+    uint64_t seed = 77;
+    const int64_t cols = 256, rows[3] = {100, 7, 131};
+    const enum pp_dtype sets[][3] = {{PP_DTYPE_F16, PP_DTYPE_F16, PP_DTYPE_F16},
+                                     {PP_DTYPE_Q8_0, PP_DTYPE_Q8_0, PP_DTYPE_Q8_0},
+                                     {PP_DTYPE_BF16, PP_DTYPE_F32, PP_DTYPE_F16},
+                                     {PP_DTYPE_Q8_0, PP_DTYPE_F16, PP_DTYPE_Q8_0}};
+    const int64_t ns[] = {1, 2, 5, 20, 130};
+    for (size_t k = 0; k < sizeof(sets) / sizeof(sets[0]); k++) {
+        struct test_weight tw[3];
+        for (int i = 0; i < 3; i++)
+            weight_make(&tw[i], sets[k][i], rows[i], cols, &seed);
+        for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+            int64_t n = ns[ni];
+            float *x = rand_floats(&seed, n * cols, -2.0f, 2.0f);
+            for (int b = 0; b < N_BE; b++) {
+                for (int loaded = 0; loaded < 2; loaded++) {
+                    struct pp_weight lw[3];
+                    const struct pp_weight *wp[3];
+                    float *want[3], *got[3];
+                    for (int i = 0; i < 3; i++) {
+                        if (loaded)
+                            assert_int_equal(be[b]->ops->weight_load(be[b], &tw[i].w, 0, &lw[i]),
+                                             PP_OK);
+                        else
+                            lw[i] = tw[i].w;
+                        wp[i] = &lw[i];
+                        want[i] = malloc((size_t)(n * rows[i]) * sizeof(float));
+                        /* a sentinel past the end catches a write beyond the weight's rows */
+                        got[i] = malloc((size_t)(n * rows[i] + 1) * sizeof(float));
+                        got[i][n * rows[i]] = 12345.0f;
+                        be[b]->ops->matmul(be[b], want[i], x, wp[i], n);
+                    }
+                    for (int count = 1; count <= 3; count++) {
+                        be[b]->ops->matmul_many(be[b], count, got, x, wp, n);
+                        for (int i = 0; i < count; i++) {
+                            if (memcmp(want[i], got[i], (size_t)(n * rows[i]) * sizeof(float)))
+                                fail_msg("matmul_many set %zu, %d weights, n=%lld, %d threads, "
+                                         "%s: weight %d differs from its own matmul",
+                                         k, count, (long long)n, b + 1,
+                                         loaded ? "row groups" : "row-major", i);
+                            assert_true(got[i][n * rows[i]] == 12345.0f);
+                        }
+                    }
+                    for (int i = 0; i < 3; i++) {
+                        free(want[i]);
+                        free(got[i]);
+                        if (loaded)
+                            be[b]->ops->weight_free(be[b], &lw[i]);
+                    }
+                }
+            }
+            free(x);
+        }
+        for (int i = 0; i < 3; i++)
+            weight_free(&tw[i]);
+    }
+    backends_free(be);
+}
+
 static void test_rmsnorm(void **state)
 {
     (void)state;
@@ -1222,6 +1290,7 @@ int main(void)
         cmocka_unit_test(test_matmul_batch_invariant),
         cmocka_unit_test(test_matmul_small_batches),
         cmocka_unit_test(test_matmul_simd_matches_portable),
+        cmocka_unit_test(test_matmul_many),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope_layouts),
         cmocka_unit_test(test_rope_layouts_differ),
