@@ -105,14 +105,21 @@ AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, 
     const char *pl = wk + m->pf;
     if (m->pf_end && pl >= m->pf_end)
         pl += m->pf_wrap;
-    _Pragma("GCC unroll 6")
-    for (int i = 0; i < MR; i++) {
-        const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
-        if (m->pf_l2) {
+    /* unrolled whole (MR ≤ 12), the level tested once: left as a loop for the 12 rows of four
+     * groups, each row's address took a division by 3, two multiplies and a branch, and the
+     * one-token tile ran at half its speed (pp_bench_loops; docs/benchmarks.md) */
+    if (m->pf_l2) {
+        _Pragma("GCC unroll 12")
+        for (int i = 0; i < MR; i++) {
+            const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
             _mm_prefetch(pi, _MM_HINT_T1);
             if (dt == PP_DTYPE_F32)
                 _mm_prefetch(pi + 64, _MM_HINT_T1);
-        } else {
+        }
+    } else {
+        _Pragma("GCC unroll 12")
+        for (int i = 0; i < MR; i++) {
+            const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
             _mm_prefetch(pi, _MM_HINT_T0);
             if (dt == PP_DTYPE_F32)
                 _mm_prefetch(pi + 64, _MM_HINT_T0);
