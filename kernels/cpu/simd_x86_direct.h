@@ -98,6 +98,29 @@ struct dtile {
     int64_t pf_wrap;
 };
 
+/* One line into L2 (L2 = 1) or L1; L2 is a constant where this is inlined. */
+AI void dtile_prefetch_line(const char *p, int L2)
+{
+    if (L2)
+        _mm_prefetch(p, _MM_HINT_T1);
+    else
+        _mm_prefetch(p, _MM_HINT_T0);
+}
+
+/* dtile_prefetch's lines from pl, unrolled whole (MR ≤ 12): left as a loop for the 12 rows of four
+ * groups, each row's address took a division by 3, two multiplies and a branch on the level, and
+ * the one-token tile ran at two thirds of its speed (pp_bench_loops; docs/benchmarks.md). */
+AI void dtile_prefetch_rows(const struct dtile *m, const char *pl, enum pp_dtype dt, int MR, int L2)
+{
+    _Pragma("GCC unroll 12")
+    for (int i = 0; i < MR; i++) {
+        const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
+        dtile_prefetch_line(pi, L2);
+        if (dt == PP_DTYPE_F32)
+            dtile_prefetch_line(pi + 64, L2);
+    }
+}
+
 /* Prefetches the lines of the MR rows that come next, for the 32 elements at wk (the tile's rows'
  * units of one step, where tile row 0's is). */
 AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, int MR)
@@ -105,26 +128,10 @@ AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, 
     const char *pl = wk + m->pf;
     if (m->pf_end && pl >= m->pf_end)
         pl += m->pf_wrap;
-    /* unrolled whole (MR ≤ 12), the level tested once: left as a loop for the 12 rows of four
-     * groups, each row's address took a division by 3, two multiplies and a branch, and the
-     * one-token tile ran at half its speed (pp_bench_loops; docs/benchmarks.md) */
-    if (m->pf_l2) {
-        _Pragma("GCC unroll 12")
-        for (int i = 0; i < MR; i++) {
-            const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
-            _mm_prefetch(pi, _MM_HINT_T1);
-            if (dt == PP_DTYPE_F32)
-                _mm_prefetch(pi + 64, _MM_HINT_T1);
-        }
-    } else {
-        _Pragma("GCC unroll 12")
-        for (int i = 0; i < MR; i++) {
-            const char *pi = pl + i / 3 * m->grp_off + i % 3 * m->pf_row;
-            _mm_prefetch(pi, _MM_HINT_T0);
-            if (dt == PP_DTYPE_F32)
-                _mm_prefetch(pi + 64, _MM_HINT_T0);
-        }
-    }
+    if (m->pf_l2)
+        dtile_prefetch_rows(m, pl, dt, MR, 1);
+    else
+        dtile_prefetch_rows(m, pl, dt, MR, 0);
 }
 
 /* One step of a tile: accumulator (i, j) += weights i × the eight activations of token j at k. */
