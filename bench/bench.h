@@ -12,6 +12,12 @@ double pp_bench_now(void);
 
 /* The 1-minute load average (how busy the shared machine was), -1 when unknown. */
 double pp_bench_loadavg(void);
+/* Writes the finished JSON text of j and a newline to path (replacing the file). On failure
+ * (j incomplete for lack of memory, or the file cannot be opened, written or closed) prints
+ * "who: cannot write path: why" and returns -1; else 0. */
+struct pp_json;
+int pp_bench_write_json(const char *path, const char *who, const struct pp_json *j);
+
 /* qsort comparator of doubles, increasing. */
 int pp_bench_cmp_double(const void *a, const void *b);
 /* The first index of the largest of v[n]. */

@@ -676,15 +676,10 @@ int main(int argc, char **argv)
             }
         pp_json_end_array(&j);
         pp_json_end_object(&j);
-        FILE *f = fopen(o.json, "w");
-        if (!f || fwrite(j.out.data, 1, j.out.len, f) != j.out.len) {
-            fprintf(stderr, "cannot write %s\n", o.json);
-            pp_json_free(&j);
-            return 1;
-        }
-        fputc('\n', f);
-        fclose(f);
+        int bad = pp_bench_write_json(o.json, "pp_bench", &j);
         pp_json_free(&j);
+        if (bad)
+            return 1;
     }
     return 0;
 }

@@ -262,9 +262,7 @@ static void report(const struct opts *o, double *hop, double *tcp, int n)
     pp_json_key(&j, "loadavg");
     pp_json_double(&j, pp_bench_loadavg());
     pp_json_end_object(&j);
-    FILE *f = fopen(o->json, "w");
-    if (!f || fwrite(j.out.data, 1, j.out.len, f) != j.out.len || fclose(f) != 0)
-        fprintf(stderr, "pp_bench_hop: cannot write %s\n", o->json);
+    pp_bench_write_json(o->json, "pp_bench_hop", &j);
     pp_json_free(&j);
 }
 

@@ -188,14 +188,9 @@ static int write_json(const char *path, const struct loops_result *res, int n_re
     }
     pp_json_end_array(&j);
     pp_json_end_object(&j);
-    FILE *f = fopen(path, "w");
-    int ok = f && fwrite(j.out.data, 1, j.out.len, f) == j.out.len && fputc('\n', f) != EOF;
-    if (f)
-        ok = fclose(f) == 0 && ok;
+    int bad = pp_bench_write_json(path, "pp_bench_loops", &j);
     pp_json_free(&j);
-    if (!ok)
-        fprintf(stderr, "pp_bench_loops: cannot write %s\n", path);
-    return ok ? 0 : 1;
+    return bad ? 1 : 0;
 }
 
 int main(int argc, char **argv)

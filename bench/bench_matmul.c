@@ -2,7 +2,8 @@
  * weights streamed.
  *
  *   pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] [--tokens 1,2,4,8,12] [--reps R]
- *                   [--row-div D] [--layers L] [--layout groups|rows|both] [--json PATH]
+ *                   [--row-div D] [--layers L] [--layout groups|rows|both] [--beside P]
+ *                   [--json PATH]
  *
  * The weights are the seven matrices of a tinyllama layer (wq, wk, wv, wo, gate, up, down; 88 MB
  * in f16), random, in the given dtype, in huge-page memory as the engine holds them, L distinct
@@ -21,7 +22,15 @@
  * row-major as in the model file (rows: how the backend computes with cpu_weights = "map"), or
  * both, held side by side and timed in alternating passes (the order swapped every pass), with
  * groups / rows printed: the host's bandwidth drifts by tens of percent between runs, so only
- * passes in one run compare the layouts. Not run by ctest. */
+ * passes in one run compare the layouts. --beside P then runs P more passes of the first layout,
+ * each between two single read passes over a 256 MiB buffer (one stream per thread, then four,
+ * as pp_bench's decode beside the bandwidth): a pass's bound is the better read pass beside it,
+ * and the figures are the median of the passes' fractions of their bounds, over all passes and
+ * over those whose bound is at least 1.25 times the 10th percentile of the bounds (the host's
+ * bandwidth flips between two levels, about 33 and 55-63 GB/s on two threads, some seconds or
+ * minutes apart; this tells whether the kernel keeps up in the fast moments too, and a run spent
+ * wholly in one level shows it in its overall figure beside its median bound).
+ * Not run by ctest. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +43,8 @@
 #include "kernels/dtype.h"
 
 #define N_MATS 7
+#define BESIDE_BW_BYTES ((size_t)256 << 20)
+#define MAX_BESIDE 4096
 #define MAX_TOKENS 512
 #define MAX_LAYERS 32
 
@@ -95,7 +106,59 @@ struct result {
     int tokens;
     int layout;
     double median_s, best_s, cpu_s, bytes;
+    double beside[3]; /* --beside: median fraction of the bounds, that in fast moments, and the
+                       * number of fast passes */
 };
+
+/* The median of v[0, n) (sorted in place), 0 when n is 0. */
+static double median(double *v, int n)
+{
+    if (n <= 0)
+        return 0.0;
+    qsort(v, (size_t)n, sizeof(double), pp_bench_cmp_double);
+    return v[n / 2];
+}
+
+/* Passes beside the bandwidth whose bound is at least this times the 10th percentile of the
+ * bounds: fast moments. */
+#define BESIDE_FAST 1.25
+
+/* p passes of the weights w[0, n_w) with n tokens, each between two read passes of probe: prints
+ * the median of the passes' fractions of their bounds, and of those in fast moments, and stores
+ * in out[3] the two medians and the number of fast passes. */
+static void run_beside(struct pp_backend *be, struct pp_bench_bw *probe, int threads,
+                       const struct pp_weight *w, int n_w, double bytes, float *y, const float *x,
+                       int n, int p, const char *dtype, double out[3])
+{
+    static double bound[MAX_BESIDE], frac[MAX_BESIDE], v[MAX_BESIDE];
+    double before = pp_bench_bw_pass(probe, threads, 1);
+    for (int i = 0; i < p; i++) {
+        double t0 = pp_bench_now();
+        for (int k = 0; k < n_w; k++)
+            be->ops->matmul(be, y, x, &w[k], n);
+        double rate = bytes / (pp_bench_now() - t0);
+        double after = pp_bench_bw_pass(probe, threads, (i + 1) % 2 ? 4 : 1);
+        bound[i] = before > after ? before : after;
+        frac[i] = rate / bound[i];
+        before = after;
+    }
+    memcpy(v, bound, sizeof(double) * (size_t)p);
+    double mid = median(v, p), low = v[p / 10], fast_bw = 0.0; /* v sorted by median() */
+    int fast = 0;
+    for (int i = 0; i < p; i++)
+        if (bound[i] >= BESIDE_FAST * low) {
+            v[fast++] = frac[i];
+            fast_bw += bound[i];
+        }
+    out[1] = median(v, fast);
+    out[2] = fast;
+    memcpy(v, frac, sizeof(double) * (size_t)p);
+    out[0] = median(v, p);
+    printf("%-6s %6d beside the bandwidth, %d passes: %5.1f%% of their bounds (median bound %.1f "
+           "GB/s); in fast moments (%d passes, mean bound %.1f GB/s) %5.1f%%\n",
+           dtype, n, p, 100 * out[0], mid / 1e9, fast, fast ? fast_bw / fast / 1e9 : 0.0,
+           100 * out[1]);
+}
 
 static int parse_list(const char *s, int *out, int cap)
 {
@@ -114,7 +177,7 @@ static int parse_list(const char *s, int *out, int cap)
 
 int main(int argc, char **argv)
 {
-    int threads = 1, reps = 9, tokens[16], n_tokens, row_div = 1, layers = 0;
+    int threads = 1, reps = 9, tokens[16], n_tokens, row_div = 1, layers = 0, beside = 0;
     char dtypes[64] = "f16,bf16,q8_0";
     const char *json = NULL, *tok_list = "1,2,4,8,12", *layout = "groups";
     for (int i = 1; i < argc; i += 2) {
@@ -137,6 +200,8 @@ int main(int argc, char **argv)
             layers = atoi(v);
         else if (strcmp(a, "--layout") == 0)
             layout = v;
+        else if (strcmp(a, "--beside") == 0)
+            beside = atoi(v);
         else
             goto usage;
     }
@@ -146,7 +211,7 @@ int main(int argc, char **argv)
     /* the layouts timed: have[ROWS], have[GROUPS] */
     int have[2] = {strcmp(layout, "groups") != 0, strcmp(layout, "rows") != 0};
     if (threads < 1 || reps < 1 || n_tokens < 1 || row_div < 1 || row_div > 256 || layers < 1 ||
-        layers > MAX_LAYERS ||
+        layers > MAX_LAYERS || beside < 0 || beside > MAX_BESIDE || (beside > 0 && beside < 3) ||
         (strcmp(layout, "groups") != 0 && strcmp(layout, "rows") != 0 &&
          strcmp(layout, "both") != 0))
         goto usage;
@@ -159,7 +224,8 @@ int main(int argc, char **argv)
     float *y = malloc(sizeof(float) * MAX_TOKENS * 5632);
     double *times = malloc(sizeof(double) * 2 * (size_t)reps);
     double *cpus = malloc(sizeof(double) * 2 * (size_t)reps);
-    if (!x || !y || !times || !cpus)
+    struct pp_bench_bw *probe = beside ? pp_bench_bw_new(BESIDE_BW_BYTES) : NULL;
+    if (!x || !y || !times || !cpus || (beside && !probe))
         return 1;
     uint64_t seed = 5;
     for (int i = 0; i < MAX_TOKENS * 5632; i++)
@@ -240,6 +306,9 @@ int main(int argc, char **argv)
             if (n_lay == 2)
                 printf("%-6s %6d groups / rows: %.3f (median passes' rates)\n", d, n,
                        res[n_res - 2].median_s / res[n_res - 1].median_s);
+            if (beside)
+                run_beside(be, probe, threads, w[lays[0]], n_w, bytes, y, x, n, beside, d,
+                           res[n_res - n_lay].beside);
         }
         for (int i = 0; i < n_w; i++) {
             if (have[GROUPS])
@@ -260,7 +329,9 @@ int main(int argc, char **argv)
                    100.0 * res[i].bytes / res[i].median_s / bw,
                    100.0 * res[i].bytes / res[i].best_s / bw);
     be->ops->free(be);
+    pp_bench_bw_free(probe);
 
+    int rc = 0;
     if (json) {
         struct pp_json j;
         pp_json_init(&j);
@@ -305,28 +376,32 @@ int main(int argc, char **argv)
             pp_json_double(&j, res[i].cpu_s);
             pp_json_key(&j, "weights_bytes_s");
             pp_json_double(&j, res[i].bytes / res[i].median_s);
+            if (beside && res[i].layout == lays[0]) {
+                pp_json_key(&j, "beside_passes");
+                pp_json_int(&j, beside);
+                pp_json_key(&j, "beside_fraction_of_bound");
+                pp_json_double(&j, res[i].beside[0]);
+                pp_json_key(&j, "beside_fast_passes");
+                pp_json_int(&j, (int64_t)res[i].beside[2]);
+                pp_json_key(&j, "beside_fast_fraction_of_bound");
+                pp_json_double(&j, res[i].beside[1]);
+            }
             pp_json_end_object(&j);
         }
         pp_json_end_array(&j);
         pp_json_end_object(&j);
-        FILE *f = fopen(json, "w");
-        if (!f || fwrite(j.out.data, 1, j.out.len, f) != j.out.len) {
-            fprintf(stderr, "cannot write %s\n", json);
-            return 1;
-        }
-        fputc('\n', f);
-        fclose(f);
+        rc = pp_bench_write_json(json, "pp_bench_matmul", &j) ? 1 : 0;
         pp_json_free(&j);
     }
     free(x);
     free(y);
     free(times);
     free(cpus);
-    return 0;
+    return rc;
 
 usage:
     fprintf(stderr, "usage: pp_bench_matmul [--threads N] [--dtypes f16,bf16,q8_0,f32] "
                     "[--tokens 1,2,4,8,12] [--reps R] [--row-div D] [--layers L] "
-                    "[--layout groups|rows|both] [--json PATH]\n");
+                    "[--layout groups|rows|both] [--beside P (0, or 3 to 4096)] [--json PATH]\n");
     return 2;
 }

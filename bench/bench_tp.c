@@ -381,9 +381,7 @@ static void write_json(const struct opts *o, const char *dense, const struct lay
     if (ld->per_expert)
         json_load(&j, ld, moe_dim);
     pp_json_end_object(&j);
-    FILE *f = fopen(o->json, "w");
-    if (!f || fprintf(f, "%s\n", j.out.data ? j.out.data : "{}") < 0 || fclose(f) != 0)
-        fprintf(stderr, "pp_bench_tp: cannot write %s\n", o->json);
+    pp_bench_write_json(o->json, "pp_bench_tp", &j);
     pp_json_free(&j);
 }
 

@@ -1,7 +1,36 @@
-/* Small helpers the benchmarks share: load average, sorting, greedy picks. */
+/* Small helpers the benchmarks share: load average, sorting, greedy picks, writing results. */
+#include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "bench/bench.h"
+#include "common/json_write.h"
+
+int pp_bench_write_json(const char *path, const char *who, const struct pp_json *j)
+{
+    if (j->out.failed) {
+        fprintf(stderr, "%s: cannot write %s: the JSON text is incomplete (out of memory)\n", who,
+                path);
+        return -1;
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "%s: cannot write %s: %s\n", who, path, strerror(errno));
+        return -1;
+    }
+    int ok = fwrite(j->out.data, 1, j->out.len, f) == j->out.len && fputc('\n', f) != EOF;
+    int err = ok ? 0 : errno;
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        err = errno;
+    }
+    if (!ok) {
+        fprintf(stderr, "%s: cannot write %s: %s\n", who, path,
+                err ? strerror(err) : "short write");
+        return -1;
+    }
+    return 0;
+}
 
 double pp_bench_loadavg(void)
 {
