@@ -43,6 +43,16 @@
 #ifndef PP_MM_GROUPED_PF_FEW_L2
 #define PP_MM_GROUPED_PF_FEW_L2 4096
 #endif
+/* Beside the L2 prefetch, weights in row groups also prefetch the same rows' lines this many bytes
+ * ahead into L1 (0: not). pp_bench_matmul --beside 300, f16 and bf16 at one token on two threads,
+ * each pass alternating with and without it in one run (Zen 4 host, eight runs): where the
+ * read bandwidth was in its fast level (52-63 GB/s) 79.0 → 83.6%, 76.5 → 80.4%, 78.2 → 80.5%,
+ * 79.6 → 84.8% of the bound, in its slow level (about 33) -1.8 to +0.6 points; one thread 81.5 →
+ * 85.8% and 84.5 → 92.1% in fast moments; 512 bytes ahead was level with 1024, 2048 lost 2-4
+ * points (docs/benchmarks.md). */
+#ifndef PP_MM_GROUPED_PF_NEAR_L1
+#define PP_MM_GROUPED_PF_NEAR_L1 1024
+#endif
 
 
 /* The eight weights of one f32, f16 or bf16 unit at p, as f32. */
@@ -93,6 +103,7 @@ struct dtile {
     int64_t ldy;
     int64_t pf;         /* bytes from a weight to the one to prefetch alongside it; 0: none */
     int pf_l2;          /* prefetch into L2 (else L1) */
+    int64_t pf_near;    /* with pf_end: also prefetch into L1 this many bytes ahead; 0: not */
     const char *pf_end; /* row groups: a prefetch at or past here goes pf_wrap further, into the
                          * piece of weights read next; NULL (row-major): pf is exact */
     int64_t pf_wrap;
@@ -122,7 +133,7 @@ AI void dtile_prefetch_rows(const struct dtile *m, const char *pl, enum pp_dtype
 }
 
 /* Prefetches the lines of the MR rows that come next, for the 32 elements at wk (the tile's rows'
- * units of one step, where tile row 0's is). */
+ * units of one step, where tile row 0's is), and with pf_near those pf_near bytes ahead into L1. */
 AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, int MR)
 {
     const char *pl = wk + m->pf;
@@ -132,6 +143,12 @@ AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, 
         dtile_prefetch_rows(m, pl, dt, MR, 1);
     else
         dtile_prefetch_rows(m, pl, dt, MR, 0);
+    if (m->pf_near) {
+        const char *pn = wk + m->pf_near;
+        if (pn >= m->pf_end)
+            pn += m->pf_wrap;
+        dtile_prefetch_rows(m, pn, dt, MR, 0);
+    }
 }
 
 /* One step of a tile: accumulator (i, j) += weights i × the eight activations of token j at k. */
@@ -401,6 +418,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
          * apart) */
         m.pf_row = !a->grouped ? a->row_bytes : a->dtype == PP_DTYPE_F32 ? 128 : 64;
         m.pf_l2 = a->prefetch_l2;
+        m.pf_near = a->grouped && a->prefetch_l2 ? PP_MM_GROUPED_PF_NEAR_L1 : 0;
         m.ldx = a->ldx;
         m.lda = n * 8;
         m.ldy = a->rows;
