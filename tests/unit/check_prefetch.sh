@@ -6,7 +6,9 @@
 #   effects;
 # - the few-token tiles prefetch the weights they stream into L1 or L2, as the backend chose
 #   (pp_simd_prefetch_l2, dtile_prefetch in kernels/cpu/simd_x86_direct.h): both forms must be in
-#   the one-token f16 tile;
+#   the one-token f16 tile; the four-group one-token tile (zquad_f16_1) prefetches its 12 rows'
+#   lines three times (into L1, into L2, and into L1 nearer beside the L2 one:
+#   PP_MM_GROUPED_PF_NEAR_L1), so it must hold 24 prefetcht0;
 # - the Q8_0 integer tiles prefetch the next tile's int8 and scales the same two ways
 #   (q8_prefetch in kernels/cpu/matmul_q8_x86.h; q8_tile_one_1, the one-token tile over the
 #   backend's copy, is built by both the AVX2 and the VNNI file).
@@ -35,8 +37,19 @@ check() {
     fi
     echo "check_prefetch: $1 holds $(grep -c "$2" <<<"$code") $2 ($3)"
 }
+# function, instruction, how many at least, what is lost with fewer
+check_count() {
+    local n
+    n=$(body "$1" | grep -c "$2" || true)
+    if [ "$n" -lt "$3" ]; then
+        echo "check_prefetch: $1 in $lib issues $n $2, expected at least $3: $4 was compiled away" >&2
+        exit 1
+    fi
+    echo "check_prefetch: $1 holds $n $2 ($4)"
+}
 check pp__mm_packed_avx2 prefetcht1 "the next panel's prefetch"
 check dtile_f16_6x1 prefetcht0 "the few-token prefetch into L1"
 check dtile_f16_6x1 prefetcht1 "the few-token prefetch into L2"
 check q8_tile_one_1 prefetcht0 "the Q8_0 one-token prefetch into L1"
 check q8_tile_one_1 prefetcht1 "the Q8_0 one-token prefetch into L2"
+check_count zquad_f16_1 prefetcht0 24 "the near L1 prefetch beside the L2 one"
