@@ -45,9 +45,9 @@
 #endif
 /* Beside the L2 prefetch, weights in row groups also prefetch the same rows' lines this many bytes
  * ahead into L1 (0: not). pp_bench_matmul --beside 300, f16 and bf16 at one token on two threads,
- * each pass alternating with and without it in one run (Zen 4 host, eight runs): where the
- * read bandwidth was in its fast level (52-63 GB/s) 79.0 → 83.6%, 76.5 → 80.4%, 78.2 → 80.5%,
- * 79.6 → 84.8% of the bound, in its slow level (about 33) -1.8 to +0.6 points; one thread 81.5 →
+ * passes alternating with and without it in one run (Zen 4 host, four runs): passes whose bound
+ * was above 45 GB/s (the host's fast level) 79.0 → 83.6%, 76.5 → 80.4%, 78.2 → 80.5%, 79.6 →
+ * 84.8% of it, those in the slow level (about 33 GB/s) -1.8 to +0.6 points; one thread 81.5 →
  * 85.8% and 84.5 → 92.1% in fast moments; 512 bytes ahead was level with 1024, 2048 lost 2-4
  * points (docs/benchmarks.md). */
 #ifndef PP_MM_GROUPED_PF_NEAR_L1
