@@ -101,13 +101,19 @@ static void *weight_new(enum pp_dtype dt, int64_t rows, int64_t cols, uint64_t *
 enum { ROWS, GROUPS };
 static const char *const layout_names[2] = {"rows", "groups"};
 
+/* What --beside found for one dtype and token count. */
+struct beside {
+    double frac;      /* median over the passes of a pass's rate ÷ its bound */
+    double fast_frac; /* the same over the passes in fast moments */
+    int fast;         /* how many passes were in fast moments */
+};
+
 struct result {
     char dtype[8];
     int tokens;
     int layout;
     double median_s, best_s, cpu_s, bytes;
-    double beside[3]; /* --beside: median fraction of the bounds, that in fast moments, and the
-                       * number of fast passes */
+    struct beside beside; /* --beside */
 };
 
 /* The median of v[0, n) (sorted in place), 0 when n is 0. */
@@ -123,12 +129,12 @@ static double median(double *v, int n)
  * bounds: fast moments. */
 #define BESIDE_FAST 1.25
 
-/* p passes of the weights w[0, n_w) with n tokens, each between two read passes of probe: prints
- * the median of the passes' fractions of their bounds, and of those in fast moments, and stores
- * in out[3] the two medians and the number of fast passes. */
-static void run_beside(struct pp_backend *be, struct pp_bench_bw *probe, int threads,
-                       const struct pp_weight *w, int n_w, double bytes, float *y, const float *x,
-                       int n, int p, const char *dtype, double out[3])
+/* p passes of the weights w[0, n_w) with n tokens, each between two read passes of probe:
+ * prints and returns the median of the passes' fractions of their bounds, over all of them and
+ * over those in fast moments. */
+static struct beside run_beside(struct pp_backend *be, struct pp_bench_bw *probe, int threads,
+                                const struct pp_weight *w, int n_w, double bytes, float *y,
+                                const float *x, int n, int p, const char *dtype)
 {
     static double bound[MAX_BESIDE], frac[MAX_BESIDE], v[MAX_BESIDE];
     double before = pp_bench_bw_pass(probe, threads, 1);
@@ -144,20 +150,20 @@ static void run_beside(struct pp_backend *be, struct pp_bench_bw *probe, int thr
     }
     memcpy(v, bound, sizeof(double) * (size_t)p);
     double mid = median(v, p), low = v[p / 10], fast_bw = 0.0; /* v sorted by median() */
-    int fast = 0;
+    struct beside r = {0.0, 0.0, 0};
     for (int i = 0; i < p; i++)
         if (bound[i] >= BESIDE_FAST * low) {
-            v[fast++] = frac[i];
+            v[r.fast++] = frac[i];
             fast_bw += bound[i];
         }
-    out[1] = median(v, fast);
-    out[2] = fast;
+    r.fast_frac = median(v, r.fast);
     memcpy(v, frac, sizeof(double) * (size_t)p);
-    out[0] = median(v, p);
+    r.frac = median(v, p);
     printf("%-6s %6d beside the bandwidth, %d passes: %5.1f%% of their bounds (median bound %.1f "
            "GB/s); in fast moments (%d passes, mean bound %.1f GB/s) %5.1f%%\n",
-           dtype, n, p, 100 * out[0], mid / 1e9, fast, fast ? fast_bw / fast / 1e9 : 0.0,
-           100 * out[1]);
+           dtype, n, p, 100 * r.frac, mid / 1e9, r.fast, r.fast ? fast_bw / r.fast / 1e9 : 0.0,
+           100 * r.fast_frac);
+    return r;
 }
 
 static int parse_list(const char *s, int *out, int cap)
@@ -307,8 +313,8 @@ int main(int argc, char **argv)
                 printf("%-6s %6d groups / rows: %.3f (median passes' rates)\n", d, n,
                        res[n_res - 2].median_s / res[n_res - 1].median_s);
             if (beside)
-                run_beside(be, probe, threads, w[lays[0]], n_w, bytes, y, x, n, beside, d,
-                           res[n_res - n_lay].beside);
+                res[n_res - n_lay].beside =
+                    run_beside(be, probe, threads, w[lays[0]], n_w, bytes, y, x, n, beside, d);
         }
         for (int i = 0; i < n_w; i++) {
             if (have[GROUPS])
@@ -380,11 +386,11 @@ int main(int argc, char **argv)
                 pp_json_key(&j, "beside_passes");
                 pp_json_int(&j, beside);
                 pp_json_key(&j, "beside_fraction_of_bound");
-                pp_json_double(&j, res[i].beside[0]);
+                pp_json_double(&j, res[i].beside.frac);
                 pp_json_key(&j, "beside_fast_passes");
-                pp_json_int(&j, (int64_t)res[i].beside[2]);
+                pp_json_int(&j, res[i].beside.fast);
                 pp_json_key(&j, "beside_fast_fraction_of_bound");
-                pp_json_double(&j, res[i].beside[1]);
+                pp_json_double(&j, res[i].beside.fast_frac);
             }
             pp_json_end_object(&j);
         }

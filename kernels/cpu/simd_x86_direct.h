@@ -132,23 +132,25 @@ AI void dtile_prefetch_rows(const struct dtile *m, const char *pl, enum pp_dtype
     }
 }
 
+/* Where to prefetch ahead bytes past wk: in row groups, past the end of this piece of weights
+ * into the piece read next. */
+AI const char *dtile_prefetch_at(const struct dtile *m, const char *wk, int64_t ahead)
+{
+    const char *p = wk + ahead;
+    return m->pf_end && p >= m->pf_end ? p + m->pf_wrap : p;
+}
+
 /* Prefetches the lines of the MR rows that come next, for the 32 elements at wk (the tile's rows'
  * units of one step, where tile row 0's is), and with pf_near those pf_near bytes ahead into L1. */
 AI void dtile_prefetch(const struct dtile *m, const char *wk, enum pp_dtype dt, int MR)
 {
-    const char *pl = wk + m->pf;
-    if (m->pf_end && pl >= m->pf_end)
-        pl += m->pf_wrap;
+    const char *pl = dtile_prefetch_at(m, wk, m->pf);
     if (m->pf_l2)
         dtile_prefetch_rows(m, pl, dt, MR, 1);
     else
         dtile_prefetch_rows(m, pl, dt, MR, 0);
-    if (m->pf_near) {
-        const char *pn = wk + m->pf_near;
-        if (pn >= m->pf_end)
-            pn += m->pf_wrap;
-        dtile_prefetch_rows(m, pn, dt, MR, 0);
-    }
+    if (m->pf_near)
+        dtile_prefetch_rows(m, dtile_prefetch_at(m, wk, m->pf_near), dt, MR, 0);
 }
 
 /* One step of a tile: accumulator (i, j) += weights i × the eight activations of token j at k. */

@@ -23,29 +23,25 @@ body() {
     awk -v fn="$1" '$0 ~ "^[0-9a-f]+ <" fn ">:$" {on = 1; next} on && /^$/ {on = 0} on {print}' \
         <<<"$dump"
 }
-# function, instruction, what is lost without it
-check() {
-    local code
+# function, instruction, how many at least, what is lost with fewer
+check_count() {
+    local code n
     code=$(body "$1")
     if [ -z "$code" ]; then
         echo "check_prefetch: no $1 in $lib" >&2
         exit 1
     fi
-    if ! grep -q "$2" <<<"$code"; then
-        echo "check_prefetch: $1 in $lib issues no $2: $3 was compiled away" >&2
-        exit 1
-    fi
-    echo "check_prefetch: $1 holds $(grep -c "$2" <<<"$code") $2 ($3)"
-}
-# function, instruction, how many at least, what is lost with fewer
-check_count() {
-    local n
-    n=$(body "$1" | grep -c "$2" || true)
+    n=$(grep -c "$2" <<<"$code" || true)
     if [ "$n" -lt "$3" ]; then
-        echo "check_prefetch: $1 in $lib issues $n $2, expected at least $3: $4 was compiled away" >&2
+        echo "check_prefetch: $1 in $lib issues $n $2, expected at least $3:" \
+            "$4 was compiled away" >&2
         exit 1
     fi
     echo "check_prefetch: $1 holds $n $2 ($4)"
+}
+# function, instruction, what is lost without it
+check() {
+    check_count "$1" "$2" 1 "$3"
 }
 check pp__mm_packed_avx2 prefetcht1 "the next panel's prefetch"
 check dtile_f16_6x1 prefetcht0 "the few-token prefetch into L1"
