@@ -193,8 +193,8 @@ AI void ztile_start(const struct dtile *m, const float **xp, __m512 (*acc)[4], i
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++)
             acc[q][j] = m->first ? _mm512_setzero_ps()
-                                 : join8(m->acc + 2 * q * m->lda + j * 8,
-                                         m->acc + (2 * q + 1) * m->lda + j * 8);
+                                 : join8(m->acc + dtile_row(m, 2 * q) * m->lda + j * 8,
+                                         m->acc + dtile_row(m, 2 * q + 1) * m->lda + j * 8);
 }
 
 /* A zmm tile's end: merged into y (the last block) or its lane sums back to scratch. */
@@ -206,11 +206,11 @@ AI void ztile_finish(const struct dtile *m, __m512 (*acc)[4], int NT, int NP)
         for (int j = 0; j < NT; j++) {
             if (m->last) {
                 __m128 v = merge8x2(acc[q][j]);
-                m->y[j * m->ldy + 2 * q] = _mm_cvtss_f32(v);
-                m->y[j * m->ldy + 2 * q + 1] = _mm_cvtss_f32(_mm_movehl_ps(v, v));
+                m->y[j * m->ldy + dtile_row(m, 2 * q)] = _mm_cvtss_f32(v);
+                m->y[j * m->ldy + dtile_row(m, 2 * q + 1)] = _mm_cvtss_f32(_mm_movehl_ps(v, v));
             } else
-                split8(m->acc + 2 * q * m->lda + j * 8, m->acc + (2 * q + 1) * m->lda + j * 8,
-                       acc[q][j]);
+                split8(m->acc + dtile_row(m, 2 * q) * m->lda + j * 8,
+                       m->acc + dtile_row(m, 2 * q + 1) * m->lda + j * 8, acc[q][j]);
         }
 }
 

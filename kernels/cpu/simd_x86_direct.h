@@ -55,6 +55,22 @@
 #endif
 
 
+/* Spaced quads (where the backend prefetches into L2, the Zen 4 tuning): a chunk's whole
+ * four-group tiles take groups q, q + nq, q + 2 nq and q + 3 nq of its 4 nq groups instead of four
+ * adjacent ones, so each of the tile's four streams runs on through the next tile's group, a
+ * quarter of the chunk long, where adjacent groups broke every stream after 3 rows' bytes (12 KiB
+ * at 2048 columns). A model in C of the two read patterns, two threads: 43 GB/s for the adjacent
+ * groups against 57-59 for four long streams, 62 for one, with the hardware prefetch alone
+ * (the host's fast level). pp_bench_matmul --beside 300, one token, two threads, passes in
+ * alternation within one run: f16 and bf16, fast level 82.5 → 92.5%, 82.6 → 91.9%, 78.0 → 88.0%
+ * of the bound, slow level 91.8 → 97.5%, 91.7 → 96.8%. Their streams are left to the hardware
+ * prefetch at one token (with the software prefetch: fast level 84.0 → 89.9%, 86.4 → 85.7%,
+ * slow 94.2 → 99.2% without it), which at 2 tokens lost 9 points in the fast level; 2 to 4 tokens
+ * keep the software prefetch, spaced 0.5-2.1 points above adjacent (docs/benchmarks.md). */
+#ifndef PP_MM_SPACED_QUADS
+#define PP_MM_SPACED_QUADS 1
+#endif
+
 /* The eight weights of one f32, f16 or bf16 unit at p, as f32. */
 AI __m256 ld_unit(const char *p, enum pp_dtype dt)
 {
@@ -89,6 +105,8 @@ static __m256 ld_w_tail(const char *p, enum pp_dtype dt, int64_t rem)
 struct dtile {
     const char *w;      /* the first byte of the tile's rows (a row group when grouped) */
     int64_t grp_off;    /* bytes from one group of 3 of the tile's rows to the next */
+    int64_t grp_rows;   /* rows from one group to the next in y and the lane sums (3, or more
+                         * in spaced tiles) */
     struct pp_row_group g; /* where a group's rows keep their units */
     int64_t pf_row;     /* bytes between the lines one pass prefetches for its rows */
     const float *x;     /* activations of token 0 of the tile; tokens ldx apart */
@@ -108,6 +126,12 @@ struct dtile {
                          * piece of weights read next; NULL (row-major): pf is exact */
     int64_t pf_wrap;
 };
+
+/* Where the tile's row i (its group i / 3) is among y's rows and the lane sums, from row 0's. */
+AI int64_t dtile_row(const struct dtile *m, int i)
+{
+    return i / 3 * m->grp_rows + i % 3;
+}
 
 /* One line into L2 (L2 = 1) or L1; L2 is a constant where this is inlined. */
 AI void dtile_prefetch_line(const char *p, int L2)
@@ -379,6 +403,37 @@ static int dtype_index(enum pp_dtype dt)
     }
 }
 
+/* Where a grouped tile's prefetch goes past its piece of the block [k0, k0 + kl): into the piece
+ * read next, that of the group at row nr, or after the super-block's last group (nr == rs1) the
+ * first group's of the next block, if any. */
+AI void dtile_wrap(struct dtile *m, const struct pp_mm_args *a, int64_t nr, int64_t rs,
+                   int64_t rs1, int64_t k0, int64_t kl)
+{
+    int64_t ue = pp__unit_elems(a->dtype), full_us = PP_ROW_GROUP * pp__unit_bytes(a->dtype);
+    const char *next = (const char *)a->w + (nr < rs1 ? nr * a->row_bytes + k0 / ue * full_us
+                                                     : rs * a->row_bytes +
+                                                           (k0 + kl) / ue * full_us);
+    m->pf_end = m->w + (k0 + kl) / ue * m->g.unit_stride;
+    m->pf_wrap = nr < rs1 || k0 + kl < a->cols ? next - m->pf_end : 0;
+}
+
+/* Tile m, whose row 0 is row r of the weight, over all a->n tokens in n_tiles tiles as even as
+ * possible (the first n % n_tiles get one more token), with fns[NT] the tile of NT tokens; the
+ * first prefetches pf bytes ahead. rs: the super-block's first row, where the lane sums start. */
+AI void dtile_tokens(struct dtile *m, const struct pp_mm_args *a, const struct pp_mm_scratch *s,
+                     const dtile_fn *fns, int64_t r, int64_t rs, int64_t n_tiles, int64_t pf)
+{
+    for (int64_t t = 0, ti = 0; t < a->n; ti++) {
+        int nt = (int)(a->n / n_tiles + (ti < a->n % n_tiles));
+        m->pf = ti == 0 && PP_MM_DIRECT_PREFETCH ? pf : 0;
+        m->x = a->x + t * a->ldx;
+        m->acc = s->acc + ((r - rs) * a->n + t) * 8;
+        m->y = a->y + t * a->rows + r;
+        fns[nt](m);
+        t += nt;
+    }
+}
+
 /* The few-token nest over a file's tiles tiles[dtype][MR][NT]. The reduction is cut into blocks of
  * kb elements whose activations (n × kb floats, at most PP_MM_DIRECT_KB_FLOATS) stay in cache while
  * every row of a super-block of rows (the thread's chunk) passes over them, each row group covering
@@ -431,7 +486,31 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             m.rem = kl - m.full;
             m.first = k0 == 0;
             m.last = k0 + kl == cols;
-            for (int64_t r = rs, rows; r < rs1; r += rows) {
+            int64_t r = rs;
+            /* whole quads first, spaced (PP_MM_SPACED_QUADS): quad q takes groups q, q + nq,
+             * q + 2 nq and q + 3 nq of the super-block; each group's stream continues into the
+             * next quad's, so no prefetch wraps */
+            int64_t nq = mr == 4 * PP_ROW_GROUP && PP_MM_SPACED_QUADS && a->prefetch_l2
+                             ? (rs1 - rs) / (4 * PP_ROW_GROUP)
+                             : 0;
+            if (nq >= 2) {
+                m.g = pp__row_group(a->dtype, cols, 1, PP_ROW_GROUP);
+                m.grp_off = nq * PP_ROW_GROUP * a->row_bytes;
+                m.grp_rows = nq * PP_ROW_GROUP;
+                for (int64_t q = 0; q < nq; q++) {
+                    int64_t rq = rs + q * PP_ROW_GROUP;
+                    m.w = (const char *)a->w + rq * a->row_bytes;
+                    dtile_wrap(&m, a, q + 1 < nq ? rq + PP_ROW_GROUP : rs + 4 * nq * PP_ROW_GROUP,
+                               rs, rs1, k0, kl);
+                    dtile_tokens(&m, a, s, quad, rq, rs, n_tiles,
+                                 n == 1   ? 0
+                                 : n > 2 ? PP_MM_GROUPED_PF_MORE
+                                         : PP_MM_GROUPED_PF_FEW_L2);
+                }
+                r = rs + nq * 4 * PP_ROW_GROUP;
+            }
+            m.grp_rows = PP_ROW_GROUP;
+            for (int64_t rows; r < rs1; r += rows) {
                 rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
                 /* a tile's groups are whole but maybe the last: what is left of four groups
                  * goes on in two, then one */
@@ -450,32 +529,14 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                               pp_dtype_row_bytes(a->dtype, kb)
                                         : 0;
                 m.pf_end = NULL;
-                if (a->grouped) {
-                    /* one stream: a fixed distance ahead, past this group's piece of the block
-                     * into the piece read next (the next group's, or the first group's of the
-                     * next block) */
-                    int64_t ue = pp__unit_elems(a->dtype);
-                    int64_t full_us = PP_ROW_GROUP * pp__unit_bytes(a->dtype);
-                    const char *next =
-                        r + rows < rs1 ? m.w + rows * a->row_bytes + k0 / ue * full_us
-                                     : (const char *)a->w + rs * a->row_bytes +
-                                           (k0 + kl) / ue * full_us;
+                if (a->grouped) { /* one stream: a fixed distance ahead */
                     pf = n > 2          ? PP_MM_GROUPED_PF_MORE
                          : a->prefetch_l2 ? PP_MM_GROUPED_PF_FEW_L2
                                           : PP_MM_GROUPED_PF_FEW;
-                    m.pf_end = m.w + (k0 + kl) / ue * m.g.unit_stride;
-                    m.pf_wrap = r + rows < rs1 || k0 + kl < cols ? next - m.pf_end : 0;
+                    dtile_wrap(&m, a, r + rows, rs, rs1, k0, kl);
                 }
-                for (int64_t t = 0, ti = 0; t < n; ti++) {
-                    /* tiles as even as possible: the first n % n_tiles get one more token */
-                    int nt = (int)(n / n_tiles + (ti < n % n_tiles));
-                    m.pf = ti == 0 && PP_MM_DIRECT_PREFETCH ? pf : 0;
-                    m.x = a->x + t * a->ldx;
-                    m.acc = s->acc + ((r - rs) * n + t) * 8;
-                    m.y = a->y + t * a->rows + r;
-                    (rows == 4 * PP_ROW_GROUP ? quad : tab + rows * 5)[nt](&m);
-                    t += nt;
-                }
+                dtile_tokens(&m, a, s, rows == 4 * PP_ROW_GROUP ? quad : tab + rows * 5, r, rs,
+                             n_tiles, pf);
             }
         }
     }
