@@ -36,14 +36,27 @@
  * group of 8 blocks prefetches once per line instead of once per block: one thread, weights in
  * L2, one token 40.8-43.6 GB/s against 37.7-39.4 before (docs/benchmarks.md, "Q8_0 prefetch"). */
 #define Q8_ROWS_MANY 3 /* rows per tile beyond two tokens */
+/* Spaced tiles for one or two tokens where the backend prefetches into L2 (the Zen 4 tuning), as
+ * the f32/f16/bf16 quads (PP_MM_SPACED_QUADS, kernels/cpu/simd_x86_direct.h): a chunk's whole
+ * tiles take rows q, q + ns, q + 2 ns, q + 3 ns, so each of a tile's streams runs on through the
+ * next tile's row instead of ending after one row (2176 bytes at 2048 columns), and one token
+ * leaves them to the hardware prefetch. pp_bench_matmul --beside 300, two threads, passes in
+ * alternation within one run: one token, spaced against adjacent rows, 124.4 → 132.1%, 122.9 →
+ * 140.1%, 101.6 → 109.8% of the bound in the slow level (Q8_0's 374 MB stream outruns the 256 MiB
+ * read passes beside it) and 67.4 → 79.5%, 73.6 → 76.4% in the fast one; without the software
+ * prefetch against with it, both spaced, 100.6 → 102.9%, 95.9 → 99.3%; two tokens (prefetching)
+ * -1.5 to +1.9 points (docs/benchmarks.md). */
+#ifndef Q8_SPACED
+#define Q8_SPACED 1
+#endif
 
 /* A tile: row r's int8 of block 0 at q[r] and its scale at d[r], each next block's 32 and 2
  * bytes on in the copy (WB), 34 and 34 in the file's blocks; its output goes to y column
- * row0 + r. */
+ * row0 + r · row_step; a prefetch goes ahead bytes past the byte read beside it. */
 struct q8_tile {
     const char *q[4];
     const char *d[4];
-    int64_t row0, row_bytes;
+    int64_t row0, row_step, ahead;
 };
 
 Q8_AI void q8_prefetch(const char *p, int l2)
@@ -163,7 +176,7 @@ Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int R, in
         xd[t] = a->xd + (t0 + t) * blocks;
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] = _mm256_setzero_ps();
     }
-    const int64_t ahead = R * m->row_bytes;
+    const int64_t ahead = m->ahead;
     for (int64_t b8 = 0; b8 < blocks; b8 += 8) {
         int n = blocks - b8 < 8 ? (int)(blocks - b8) : 8;
         if (PF && WB) { /* the rows' scales of the next tile, beside its int8 */
@@ -182,7 +195,8 @@ Q8_AI void q8_run(const struct pp_mm_args *a, const struct q8_tile *m, int R, in
     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
     {
         float *y = a->y + (t0 + t) * a->rows + m->row0;
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[r] = pp__merge8_avx(acc[r][t]);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            y[r * m->row_step] = pp__merge8_avx(acc[r][t]);
     }
 }
 
@@ -217,6 +231,11 @@ Q8_AI void q8_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int R,
                                                           const struct q8_tile *m, int64_t t0)    \
     {                                                                                              \
         q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 2, t0);                                                \
+    }                                                                                              \
+    __attribute__((noinline)) static void q8_tile_one_hw_##wb(const struct pp_mm_args *a,         \
+                                                             const struct q8_tile *m, int64_t t0) \
+    {                                                                                              \
+        q8_run(a, m, Q8_STREAMS_ONE, wb, 1, t0, 0, 0);                                             \
     }
 Q8_TILES(0)
 Q8_TILES(1)
@@ -232,22 +251,46 @@ static const q8_tile_fn q8_tiles[2][2][5] = {
     {{NULL, q8_tile_1_1_1, q8_tile_1_1_2, q8_tile_1_1_3, q8_tile_1_1_4}, Q8_ROW(3, 1)}};
 _Static_assert(Q8_ROWS_MANY == 3, "q8_tiles names the 3-row tiles");
 
+/* m over R rows of a: first, first + step, ...; a prefetch reads the same bytes of the row after
+ * each (step > 1: every row its own stream) or R rows on. */
+static void q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t first, int64_t step,
+                     int R)
+{
+    int64_t qs, ds;
+    for (int i = 0; i < R; i++)
+        pp__q8_row_at(a, first + i * step, &m->q[i], &m->d[i], &qs, &ds);
+    m->row0 = first;
+    m->row_step = step;
+    m->ahead = (step > 1 ? 1 : R) * a->row_bytes;
+}
+
 static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     const struct pp_mm_scratch *scratch)
 {
     (void)scratch;
     int wb = a->grouped;
     int64_t r = r0;
+    /* spaced (Q8_SPACED): one or two tokens' whole tiles first, tile q taking rows q, q + ns,
+     * q + 2 ns, ... of the chunk's Q8_STREAMS_ONE · ns, so each stream runs on into the next
+     * tile's row */
+    int64_t ns = a->n <= 2 && a->prefetch_l2 && Q8_SPACED ? (r1 - r0) / Q8_STREAMS_ONE : 0;
+    if (ns >= 2) {
+        for (int64_t q = 0; q < ns; q++) {
+            struct q8_tile m;
+            q8_place(a, &m, r0 + q, ns, Q8_STREAMS_ONE);
+            if (a->n == 1)
+                (wb ? q8_tile_one_hw_1 : q8_tile_one_hw_0)(a, &m, 0);
+            else
+                (wb ? q8_tile_two_1 : q8_tile_two_0)(a, &m, 0);
+        }
+        r = r0 + Q8_STREAMS_ONE * ns;
+    }
     while (r < r1) {
         int64_t left = r1 - r;
         int R = a->n <= 2 ? (left >= Q8_STREAMS_ONE ? Q8_STREAMS_ONE : 1)
                           : (left >= Q8_ROWS_MANY ? Q8_ROWS_MANY : 1);
         struct q8_tile m;
-        int64_t qs, ds;
-        for (int i = 0; i < R; i++)
-            pp__q8_row_at(a, r + i, &m.q[i], &m.d[i], &qs, &ds);
-        m.row0 = r;
-        m.row_bytes = a->row_bytes;
+        q8_place(a, &m, r, 1, R);
         if (R == Q8_STREAMS_ONE && a->n == 1)
             (wb ? q8_tile_one_1 : q8_tile_one_0)(a, &m, 0);
         else if (R == Q8_STREAMS_ONE && a->n == 2)
