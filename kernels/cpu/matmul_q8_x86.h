@@ -43,8 +43,8 @@
  * leaves them to the hardware prefetch. pp_bench_matmul --beside 300, two threads, passes in
  * alternation within one run: one token, spaced against adjacent rows, 124.4 → 132.1%, 122.9 →
  * 140.1%, 101.6 → 109.8% of the bound in the slow level (Q8_0's 374 MB stream outruns the 256 MiB
- * read passes beside it) and 67.4 → 79.5%, 73.6 → 76.4% in the fast one; without the software
- * prefetch against with it, both spaced, 100.6 → 102.9%, 95.9 → 99.3%; two tokens (prefetching)
+ * read passes beside it) and 67.4 → 79.5%, 73.6 → 76.4% in the fast one; with the software
+ * prefetch → without it, both spaced, 100.6 → 102.9%, 95.9 → 99.3%; two tokens (prefetching)
  * -1.5 to +1.9 points (docs/benchmarks.md). */
 #ifndef Q8_SPACED
 #define Q8_SPACED 1
@@ -220,8 +220,8 @@ Q8_AI void q8_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int R,
         q8_run_pf(a, m, r, wb, t, t0);                                                             \
     }
 #define Q8_TILES(wb)                                                                               \
-    Q8_TILE(1, wb, 1) Q8_TILE(1, wb, 2) Q8_TILE(1, wb, 3) Q8_TILE(1, wb, 4)                         \
-    Q8_TILE(3, wb, 1) Q8_TILE(3, wb, 2) Q8_TILE(3, wb, 3) Q8_TILE(3, wb, 4)                         \
+    Q8_TILE(1, wb, 1) Q8_TILE(1, wb, 2) Q8_TILE(1, wb, 3) Q8_TILE(1, wb, 4)                        \
+    Q8_TILE(3, wb, 1) Q8_TILE(3, wb, 2) Q8_TILE(3, wb, 3) Q8_TILE(3, wb, 4)                        \
     __attribute__((noinline)) static void q8_tile_one_##wb(const struct pp_mm_args *a,            \
                                                           const struct q8_tile *m, int64_t t0)    \
     {                                                                                              \
@@ -232,8 +232,8 @@ Q8_AI void q8_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int R,
     {                                                                                              \
         q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 2, t0);                                                \
     }                                                                                              \
-    __attribute__((noinline)) static void q8_tile_one_hw_##wb(const struct pp_mm_args *a,         \
-                                                             const struct q8_tile *m, int64_t t0) \
+    __attribute__((noinline)) static void q8_tile_one_hw_##wb(                                     \
+        const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                           \
     {                                                                                              \
         q8_run(a, m, Q8_STREAMS_ONE, wb, 1, t0, 0, 0);                                             \
     }

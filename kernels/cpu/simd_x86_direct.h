@@ -59,14 +59,15 @@
  * four-group tiles take groups q, q + nq, q + 2 nq and q + 3 nq of its 4 nq groups instead of four
  * adjacent ones, so each of the tile's four streams runs on through the next tile's group, a
  * quarter of the chunk long, where adjacent groups broke every stream after 3 rows' bytes (12 KiB
- * at 2048 columns). A model in C of the two read patterns, two threads: 43 GB/s for the adjacent
- * groups against 57-59 for four long streams, 62 for one, with the hardware prefetch alone
- * (the host's fast level). pp_bench_matmul --beside 300, one token, two threads, passes in
+ * at 2048 columns). A model in C of the read patterns, two threads, the host's fast level
+ * (medians of 18 rounds): the adjacent groups 48.0 GB/s with the software prefetch, 39.8
+ * without; four streams each a quarter of a 96-row chunk 52.2 without it, 43.8 with; one
+ * stream 55.5. pp_bench_matmul --beside 300, one token, two threads, passes in
  * alternation within one run: f16 and bf16, fast level 82.5 → 92.5%, 82.6 → 91.9%, 78.0 → 88.0%
- * of the bound, slow level 91.8 → 97.5%, 91.7 → 96.8%. Their streams are left to the hardware
- * prefetch at one token (with the software prefetch: fast level 84.0 → 89.9%, 86.4 → 85.7%,
- * slow 94.2 → 99.2% without it), which at 2 tokens lost 9 points in the fast level; 2 to 4 tokens
- * keep the software prefetch, spaced 0.5-2.1 points above adjacent (docs/benchmarks.md). */
+ * of the bound, slow level 91.8 → 97.5%, 91.7 → 96.8%. At one token their streams are left to
+ * the hardware prefetch (with the software prefetch → without: fast level 84.0 → 89.9% and
+ * 86.4 → 85.7%, slow 94.2 → 99.2%); at 2 tokens that lost 9 points in the fast level, so 2 to 4
+ * tokens keep the software prefetch, spaced 0.5-2.1 points above adjacent (docs/benchmarks.md). */
 #ifndef PP_MM_SPACED_QUADS
 #define PP_MM_SPACED_QUADS 1
 #endif
@@ -488,8 +489,8 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             m.last = k0 + kl == cols;
             int64_t r = rs;
             /* whole quads first, spaced (PP_MM_SPACED_QUADS): quad q takes groups q, q + nq,
-             * q + 2 nq and q + 3 nq of the super-block; each group's stream continues into the
-             * next quad's, so no prefetch wraps */
+             * q + 2 nq and q + 3 nq of the super-block, each group's stream continuing into the
+             * next quad's group (in one block the prefetch needs no wrap, dtile_wrap finds 0) */
             int64_t nq = mr == 4 * PP_ROW_GROUP && PP_MM_SPACED_QUADS && a->prefetch_l2
                              ? (rs1 - rs) / (4 * PP_ROW_GROUP)
                              : 0;
