@@ -20,13 +20,20 @@
 #ifndef ROW_GRAIN
 #define ROW_GRAIN 96
 #endif
+/* Q8_0's few-token chunks: twice as many rows, since its rows are half as many bytes (its spaced
+ * tiles' four streams, kernels/cpu/matmul_q8_x86.h, then run as long as f16's). pp_bench_matmul
+ * --beside, two threads, passes alternating 96 and 192 (Zen 4 host): one token, slow level
+ * -1.3 to +3.9 points in 13 runs, 10 of them up (median +1.6); 2 tokens -2.0, +1.7, +1.1; 4
+ * tokens +2.8, +2.4, and +1.7 in the fast level (docs/benchmarks.md). */
+#define ROW_GRAIN_Q8 192
 #define ROW_GRAIN_PACKED 48
 /* The few-token chunks shrink towards the end of a matmul, to no fewer rows than this (two of the
  * 12-row one-token tiles), so that the threads finish it together: one job's tail had left a
  * thread idle for half a 96-row chunk on average (pp_threadpool_run_dynamic). */
 #define ROW_GRAIN_MIN 24
 _Static_assert(ROW_GRAIN % PP_ROW_GROUP == 0 && ROW_GRAIN_PACKED % PP_ROW_GROUP == 0 &&
-                   ROW_GRAIN_MIN % 12 == 0 && ROW_GRAIN % ROW_GRAIN_MIN == 0,
+                   ROW_GRAIN_MIN % 12 == 0 && ROW_GRAIN % ROW_GRAIN_MIN == 0 &&
+                   ROW_GRAIN_Q8 % ROW_GRAIN_MIN == 0,
                "a thread's rows start at a row group and a whole tile");
 
 /* The weights of one job side by side in one space of rows, each starting at a multiple of
@@ -159,7 +166,8 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
             pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, space, ROW_GRAIN_PACKED,
                                       ROW_GRAIN_PACKED);
         else
-            pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, space, ROW_GRAIN,
+            pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, space,
+                                      w[0]->dtype == PP_DTYPE_Q8_0 ? ROW_GRAIN_Q8 : ROW_GRAIN,
                                       ROW_GRAIN_MIN);
     }
 }
