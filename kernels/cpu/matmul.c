@@ -23,7 +23,7 @@
 /* Q8_0's few-token chunks: twice as many rows, since its rows are half as many bytes (its spaced
  * tiles' four streams, kernels/cpu/matmul_q8_x86.h, then run as long as f16's). pp_bench_matmul
  * --beside, two threads, passes alternating 96 and 192 (Zen 4 host): one token, slow level
- * -1.3 to +3.9 points in 13 runs, 10 of them up (median +1.6); 2 tokens -2.0, +1.7, +1.1; 4
+ * -1.3 to +3.9 points in 10 runs, 9 of them up (median +2.2); 2 tokens -2.0, +1.7, +1.1; 4
  * tokens +2.8, +2.4, and +1.7 in the fast level (docs/benchmarks.md). */
 #define ROW_GRAIN_Q8 192
 #define ROW_GRAIN_PACKED 48
