@@ -435,6 +435,38 @@ AI void dtile_tokens(struct dtile *m, const struct pp_mm_args *a, const struct p
     }
 }
 
+/* How far ahead a tile over row groups prefetches in its stream. */
+AI int64_t dtile_grouped_pf(const struct pp_mm_args *a)
+{
+    return a->n > 2          ? PP_MM_GROUPED_PF_MORE
+           : a->prefetch_l2 ? PP_MM_GROUPED_PF_FEW_L2
+                            : PP_MM_GROUPED_PF_FEW;
+}
+
+/* The whole quads of rows [rs, rs1) over the block [k0, k0 + kl), spaced (PP_MM_SPACED_QUADS):
+ * of the super-block's 4 nq whole groups, quad q takes groups q, q + nq, q + 2 nq and q + 3 nq,
+ * each group's stream continuing into the next quad's (in one block the prefetch needs no wrap,
+ * dtile_wrap finds 0); one token leaves the streams to the hardware prefetch. Returns the first
+ * row left for the adjacent tiles: rs when fewer than two quads fit. */
+AI int64_t dtile_spaced_quads(struct dtile *m, const struct pp_mm_args *a,
+                              const struct pp_mm_scratch *s, const dtile_fn *quad, int64_t rs,
+                              int64_t rs1, int64_t k0, int64_t kl, int64_t n_tiles)
+{
+    int64_t nq = (rs1 - rs) / (4 * PP_ROW_GROUP), end = rs + nq * 4 * PP_ROW_GROUP;
+    if (nq < 2)
+        return rs;
+    m->g = pp__row_group(a->dtype, a->cols, 1, PP_ROW_GROUP);
+    m->grp_off = nq * PP_ROW_GROUP * a->row_bytes;
+    m->grp_rows = nq * PP_ROW_GROUP;
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t rq = rs + q * PP_ROW_GROUP;
+        m->w = (const char *)a->w + rq * a->row_bytes;
+        dtile_wrap(m, a, q + 1 < nq ? rq + PP_ROW_GROUP : end, rs, rs1, k0, kl);
+        dtile_tokens(m, a, s, quad, rq, rs, n_tiles, a->n == 1 ? 0 : dtile_grouped_pf(a));
+    }
+    return end;
+}
+
 /* The few-token nest over a file's tiles tiles[dtype][MR][NT]. The reduction is cut into blocks of
  * kb elements whose activations (n × kb floats, at most PP_MM_DIRECT_KB_FLOATS) stay in cache while
  * every row of a super-block of rows (the thread's chunk) passes over them, each row group covering
@@ -487,29 +519,9 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             m.rem = kl - m.full;
             m.first = k0 == 0;
             m.last = k0 + kl == cols;
-            int64_t r = rs;
-            /* whole quads first, spaced (PP_MM_SPACED_QUADS): quad q takes groups q, q + nq,
-             * q + 2 nq and q + 3 nq of the super-block, each group's stream continuing into the
-             * next quad's group (in one block the prefetch needs no wrap, dtile_wrap finds 0) */
-            int64_t nq = mr == 4 * PP_ROW_GROUP && PP_MM_SPACED_QUADS && a->prefetch_l2
-                             ? (rs1 - rs) / (4 * PP_ROW_GROUP)
-                             : 0;
-            if (nq >= 2) {
-                m.g = pp__row_group(a->dtype, cols, 1, PP_ROW_GROUP);
-                m.grp_off = nq * PP_ROW_GROUP * a->row_bytes;
-                m.grp_rows = nq * PP_ROW_GROUP;
-                for (int64_t q = 0; q < nq; q++) {
-                    int64_t rq = rs + q * PP_ROW_GROUP;
-                    m.w = (const char *)a->w + rq * a->row_bytes;
-                    dtile_wrap(&m, a, q + 1 < nq ? rq + PP_ROW_GROUP : rs + 4 * nq * PP_ROW_GROUP,
-                               rs, rs1, k0, kl);
-                    dtile_tokens(&m, a, s, quad, rq, rs, n_tiles,
-                                 n == 1   ? 0
-                                 : n > 2 ? PP_MM_GROUPED_PF_MORE
-                                         : PP_MM_GROUPED_PF_FEW_L2);
-                }
-                r = rs + nq * 4 * PP_ROW_GROUP;
-            }
+            int64_t r = mr == 4 * PP_ROW_GROUP && PP_MM_SPACED_QUADS && a->prefetch_l2
+                            ? dtile_spaced_quads(&m, a, s, quad, rs, rs1, k0, kl, n_tiles)
+                            : rs;
             m.grp_rows = PP_ROW_GROUP;
             for (int64_t rows; r < rs1; r += rows) {
                 rows = rs1 - r < mr ? (int)(rs1 - r) : mr;
@@ -531,9 +543,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                         : 0;
                 m.pf_end = NULL;
                 if (a->grouped) { /* one stream: a fixed distance ahead */
-                    pf = n > 2          ? PP_MM_GROUPED_PF_MORE
-                         : a->prefetch_l2 ? PP_MM_GROUPED_PF_FEW_L2
-                                          : PP_MM_GROUPED_PF_FEW;
+                    pf = dtile_grouped_pf(a);
                     dtile_wrap(&m, a, r + rows, rs, rs1, k0, kl);
                 }
                 dtile_tokens(&m, a, s, rows == 4 * PP_ROW_GROUP ? quad : tab + rows * 5, r, rs,
