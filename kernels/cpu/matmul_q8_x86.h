@@ -36,8 +36,8 @@
  * group of 8 blocks prefetches once per line instead of once per block: one thread, weights in
  * L2, one token 40.8-43.6 GB/s against 37.7-39.4 before (docs/benchmarks.md, "Q8_0 prefetch"). */
 #define Q8_ROWS_MANY 3 /* rows per tile beyond two tokens */
-/* Spaced tiles for one or two tokens where the backend prefetches into L2 (the Zen 4 tuning), as
- * the f32/f16/bf16 quads (PP_MM_SPACED_QUADS, kernels/cpu/simd_x86_direct.h): a chunk's whole
+/* Spaced tiles for one or two tokens on every host, as the f32/f16/bf16 quads of the Zen 4
+ * tuning (PP_MM_SPACED_QUADS, kernels/cpu/simd_x86_direct.h): a chunk's whole
  * tiles take rows q, q + ns, q + 2 ns, q + 3 ns, so each of a tile's streams runs on through the
  * next tile's row instead of ending after one row (2176 bytes at 2048 columns), and one token
  * leaves them to the hardware prefetch. pp_bench_matmul --beside 300, two threads, passes in
@@ -45,7 +45,11 @@
  * 140.1%, 101.6 → 109.8% of the bound in the slow level (Q8_0's 374 MB stream outruns the 256 MiB
  * read passes beside it) and 67.4 → 79.5%, 73.6 → 76.4% in the fast one; with the software
  * prefetch → without it, both spaced, 100.6 → 102.9%, 95.9 → 99.3%; two tokens (prefetching)
- * -1.5 to +1.9 points (docs/benchmarks.md). */
+ * -1.5 to +1.9 points (docs/benchmarks.md). First measured there, with the L2 prefetch; on the
+ * Xeon host (L1 prefetch, where one token of f16 reads better with adjacent quads) it raised
+ * pp_bench_matmul's one token from 91.0-93.1% to 96.7-99.7% of the read bandwidth and two tokens
+ * from 89.1-91.6% to 107.5-110.5%, and pp_bench's Q8_0 decode from 87.7-89.8% to 96.9-97.1% of
+ * the bound (runs in alternation, docs/benchmarks.md). */
 #ifndef Q8_SPACED
 #define Q8_SPACED 1
 #endif
@@ -273,7 +277,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     /* spaced (Q8_SPACED): one or two tokens' whole tiles first, tile q taking rows q, q + ns,
      * q + 2 ns, ... of the chunk's Q8_STREAMS_ONE · ns, so each stream runs on into the next
      * tile's row */
-    int64_t ns = a->n <= 2 && a->prefetch_l2 && Q8_SPACED ? (r1 - r0) / Q8_STREAMS_ONE : 0;
+    int64_t ns = a->n <= 2 && Q8_SPACED ? (r1 - r0) / Q8_STREAMS_ONE : 0;
     if (ns >= 2) {
         for (int64_t q = 0; q < ns; q++) {
             struct q8_tile m;
