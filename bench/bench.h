@@ -54,5 +54,7 @@ struct pp_bench_shape {
  * Time every shape of one before the other: OpenBLAS's threads keep spinning after a call. */
 double pp_bench_matmul_time(struct pp_backend *be, int n_threads, const struct pp_bench_shape *s,
                             int64_t n);
+/* 1 when this build links OpenBLAS (pkg-config found openblas when it was configured), else 0. */
+int pp_bench_have_openblas(void);
 
 #endif

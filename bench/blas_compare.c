@@ -63,3 +63,12 @@ out:
     free(y);
     return best;
 }
+
+int pp_bench_have_openblas(void)
+{
+#ifdef PP_HAVE_OPENBLAS
+    return 1;
+#else
+    return 0;
+#endif
+}
