@@ -19,6 +19,10 @@
 #define Q8_DPBUSD(acc, u, w) _mm256_dpbusd_epi32(acc, u, w)
 #define Q8_STREAMS_ONE 4
 #define Q8_TOKENS 4
+#define Q8_ZMM 1
+#ifndef Q8Z_MIN_TOKENS
+#define Q8Z_MIN_TOKENS 4
+#endif
 #include "kernels/cpu/matmul_q8_x86.h"
 
 void pp__mm_q8_vnni(const struct pp_mm_args *a, int64_t r0, int64_t r1,

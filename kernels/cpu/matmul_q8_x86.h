@@ -61,6 +61,8 @@ struct q8_tile {
     const char *q[4];
     const char *d[4];
     int64_t row0, row_step, ahead;
+    double *sc; /* the zmm tiles' scales (Q8_ZMM): Q8Z_ROWS · Q8Z_PAIRS · 8, in the thread's
+                 * scratch */
 };
 
 Q8_AI void q8_prefetch(const char *p, int l2)
@@ -255,6 +257,200 @@ static const q8_tile_fn q8_tiles[2][2][5] = {
     {{NULL, q8_tile_1_1_1, q8_tile_1_1_2, q8_tile_1_1_3, q8_tile_1_1_4}, Q8_ROW(3, 1)}};
 _Static_assert(Q8_ROWS_MANY == 3, "q8_tiles names the 3-row tiles");
 
+#if Q8_ZMM
+/* Many tokens with AVX-512 VNNI on zmm: Q8Z_ROWS rows × TP token pairs. A zmm holds the eight
+ * lanes of one row and two tokens t, t' interleaved (int32 lane 2i is token t's lane i, lane
+ * 2i + 1 token t''s), so one vpdpbusd, conversion and fused multiply-add advance sixteen
+ * canonical lanes: the activations of the pair are interleaved dword by dword (vpermt2d, once per
+ * pair and block), the row's 32 weight bytes duplicated dword by dword (vpermd, once per row and
+ * block), and each block's two scales d_w · d_x[t], d_w · d_x[t'] lie side by side, so that one
+ * 8-byte broadcast gives every lane its own. Each lane's chain is the canonical one of
+ * kernels/cpu/matmul_q8.h. The ymm tile (3 rows × 4 tokens) converted and scaled each (row,
+ * token) with its own three instructions; this one does two with three (one thread, operands in
+ * L1, the Xeon host: 58-61% of the FMA peak against 83-87%, docs/benchmarks.md). */
+#define Q8Z_ROWS 4
+#define Q8Z_PAIRS 3
+_Static_assert(Q8Z_ROWS * Q8Z_PAIRS * 16 <= PP_MM_ACC_CAP, "the scales fit the acc scratch");
+
+/* sc[r][p][j] = the two floats d_w · d_x of row r, tokens 2p and 2p + 1 and block b8 + j for
+ * j < n (n ≤ 8), the rest 0: a double each, so that one vbroadcastsd from memory gives a block
+ * its scale vector. */
+Q8_AI void q8z_scales8(double sc[Q8Z_ROWS][Q8Z_PAIRS][8], const struct q8_tile *m,
+                       const float *const *xd, int WB, int TP, int64_t b8, int n)
+{
+    const __m512i ilv = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    __m512 dx[Q8Z_PAIRS];
+    _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
+    {
+        __m256 v[2];
+        for (int k = 0; k < 2; k++) {
+            if (n == 8)
+                v[k] = _mm256_loadu_ps(xd[2 * p + k] + b8);
+            else {
+                float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                memcpy(t, xd[2 * p + k] + b8, (size_t)n * sizeof(float));
+                v[k] = _mm256_loadu_ps(t);
+            }
+        }
+        dx[p] = _mm512_permutex2var_ps(_mm512_castps256_ps512(v[0]), ilv,
+                                       _mm512_castps256_ps512(v[1]));
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+    {
+        __m128i h;
+        if (WB && n == 8)
+            h = _mm_loadu_si128((const __m128i *)(m->d[r] + 2 * b8));
+        else {
+            uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int j = 0; j < n; j++)
+                memcpy(&v[j], m->d[r] + (b8 + j) * (WB ? 2 : PP_Q8_0_BYTES), sizeof(v[j]));
+            h = _mm_loadu_si128((const __m128i *)v);
+        }
+        __m512 dw = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_cvtph_ps(h)));
+        _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
+            _mm512_storeu_ps((float *)sc[r][p], _mm512_mul_ps(dw, dx[p]));
+    }
+}
+
+/* Block b8 + j of the tile into acc; PF: prefetch the next tile's rows (a line per two blocks of
+ * the copy, one per block of the file's), into L2 if L2. */
+Q8_AI void q8z_block(__m512 acc[Q8Z_ROWS][Q8Z_PAIRS], const struct q8_tile *m,
+                     const int8_t *const *xq, const double sc[Q8Z_ROWS][Q8Z_PAIRS][8],
+                     int64_t b8, int j, int WB, int TP, int PF, int L2)
+{
+    const __m512i ilv = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    const int64_t qs = WB ? PP_Q8_0_BLOCK : PP_Q8_0_BYTES;
+    int64_t b = b8 + j;
+    __m512i xp[Q8Z_PAIRS], ncx[Q8Z_PAIRS];
+    _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
+    {
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq[2 * p] + b * PP_Q8_0_BLOCK));
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq[2 * p + 1] + b * PP_Q8_0_BLOCK));
+        xp[p] = _mm512_permutex2var_epi32(_mm512_castsi256_si512(x0), ilv,
+                                          _mm512_castsi256_si512(x1));
+        if (WB) /* -128 · Σ x per lane: the copy's weights come biased by +128 */
+            ncx[p] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xp[p]));
+        else /* the activations biased to unsigned, for the file's signed weights */
+            xp[p] = _mm512_xor_si512(xp[p], bias);
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+    {
+        const char *u = m->q[r] + b * qs;
+        if (PF && (!WB || !(j & 1)))
+            q8_prefetch(u + m->ahead + (WB ? 32 : 0), L2);
+        __m512i w = _mm512_permutexvar_epi32(
+            dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)u)));
+        /* the file's weights: -128 · Σ w per lane starts the sum */
+        __m512i nc = WB ? _mm512_setzero_si512()
+                        : _mm512_sub_epi32(_mm512_setzero_si512(),
+                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, w));
+        _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
+        {
+            __m512i sum = WB ? _mm512_dpbusd_epi32(ncx[p], w, xp[p])
+                             : _mm512_dpbusd_epi32(nc, xp[p], w);
+            __m512 scale = _mm512_castpd_ps(_mm512_set1_pd(sc[r][p][j]));
+            acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r][p]);
+        }
+    }
+}
+
+/* Q8Z_ROWS rows × TP token pairs from token t0; PF and L2 as q8_run's. */
+Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, int TP,
+                   int64_t t0, int PF, int L2)
+{
+    __m512 acc[Q8Z_ROWS][Q8Z_PAIRS];
+    double(*sc)[Q8Z_PAIRS][8] = (double(*)[Q8Z_PAIRS][8])m->sc;
+    const int8_t *xq[2 * Q8Z_PAIRS];
+    const float *xd[2 * Q8Z_PAIRS];
+    int64_t blocks = a->cols / PP_Q8_0_BLOCK;
+    _Pragma("GCC unroll 6") for (int t = 0; t < 2 * TP; t++)
+    {
+        xq[t] = a->xq + (t0 + t) * a->cols;
+        xd[t] = a->xd + (t0 + t) * blocks;
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+        _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++) acc[r][p] = _mm512_setzero_ps();
+    for (int64_t b8 = 0; b8 < blocks; b8 += 8) {
+        int n = blocks - b8 < 8 ? (int)(blocks - b8) : 8;
+        if (PF && WB) { /* the rows' scales of the next tile, beside its int8 */
+            _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+                q8_prefetch(m->d[r] + 2 * b8 + m->ahead, L2);
+        }
+        q8z_scales8(sc, m, xd, WB, TP, b8, n);
+        /* read them back from memory: forwarded from the products' registers, they had taken
+         * an extract and a broadcast each, and spilled */
+        __asm__ volatile("" ::: "memory");
+        if (n == 8) {
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                q8z_block(acc, m, xq, sc, b8, j, WB, TP, PF, L2);
+        } else {
+            for (int j = 0; j < n; j++)
+                q8z_block(acc, m, xq, sc, b8, j, WB, TP, PF, L2);
+        }
+    }
+    /* even lanes (token 2p) to the low half, odd ones (token 2p + 1) to the high half */
+    const __m512i split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+        _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
+    {
+        __m512 v = _mm512_permutexvar_ps(split, acc[r][p]);
+        float *y = a->y + (t0 + 2 * p) * a->rows + m->row0 + r;
+        y[0] = pp__merge8_avx(_mm512_castps512_ps256(v));
+        y[a->rows] = pp__merge8_avx(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    }
+}
+
+/* The first token tile of its rows prefetches the next tile's rows, the others do not. */
+Q8_AI void q8z_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int WB, int TP,
+                      int64_t t0)
+{
+    if (t0 != 0)
+        q8z_run(a, m, WB, TP, t0, 0, 0);
+    else if (a->prefetch_l2)
+        q8z_run(a, m, WB, TP, t0, 1, 1);
+    else
+        q8z_run(a, m, WB, TP, t0, 1, 0);
+}
+
+#define Q8Z_TILE(wb, tp)                                                                           \
+    __attribute__((noinline)) static void q8z_tile_##wb##_##tp(                                    \
+        const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                           \
+    {                                                                                              \
+        q8z_run_pf(a, m, wb, tp, t0);                                                              \
+    }
+Q8Z_TILE(0, 1)
+Q8Z_TILE(0, 2)
+Q8Z_TILE(0, 3)
+Q8Z_TILE(1, 1)
+Q8Z_TILE(1, 2)
+Q8Z_TILE(1, 3)
+/* [WB][TP] */
+static const q8_tile_fn q8z_tiles[2][Q8Z_PAIRS + 1] = {
+    {NULL, q8z_tile_0_1, q8z_tile_0_2, q8z_tile_0_3}, {NULL, q8z_tile_1_1, q8z_tile_1_2, q8z_tile_1_3}};
+_Static_assert(Q8Z_ROWS == Q8_STREAMS_ONE, "an odd last token takes the one-token tile's rows");
+
+/* Rows [r, r + Q8Z_ROWS) for every token: pairs in tiles of up to Q8Z_PAIRS, an odd last token
+ * alone. */
+static void q8z_rows4(const struct pp_mm_args *a, const struct q8_tile *m, int wb)
+{
+    int64_t t0 = 0;
+    for (; t0 + 2 <= a->n; t0 += 2 * Q8Z_PAIRS) {
+        int64_t tp = (a->n - t0) / 2 < Q8Z_PAIRS ? (a->n - t0) / 2 : Q8Z_PAIRS;
+        q8z_tiles[wb][tp](a, m, t0);
+        if (tp < Q8Z_PAIRS) {
+            t0 += 2 * tp;
+            break;
+        }
+    }
+    if (t0 < a->n)
+        q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 1, t0);
+}
+#endif
+
 /* m over R rows of a: first, first + step, ...; a prefetch reads the same bytes of the row after
  * each (step > 1: every row its own stream) or R rows on. */
 static void q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t first, int64_t step,
@@ -271,7 +467,7 @@ static void q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t firs
 static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     const struct pp_mm_scratch *scratch)
 {
-    (void)scratch;
+    (void)scratch; /* the zmm tiles keep their scales in scratch->acc */
     int wb = a->grouped;
     int64_t r = r0;
     /* spaced (Q8_SPACED): one or two tokens' whole tiles first, tile q taking rows q, q + ns,
@@ -291,9 +487,18 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     }
     while (r < r1) {
         int64_t left = r1 - r;
+        struct q8_tile m;
+#if Q8_ZMM
+        if (a->n > 2 && a->n >= Q8Z_MIN_TOKENS && left >= Q8Z_ROWS) {
+            q8_place(a, &m, r, 1, Q8Z_ROWS);
+            m.sc = (double *)scratch->acc;
+            q8z_rows4(a, &m, wb);
+            r += Q8Z_ROWS;
+            continue;
+        }
+#endif
         int R = a->n <= 2 ? (left >= Q8_STREAMS_ONE ? Q8_STREAMS_ONE : 1)
                           : (left >= Q8_ROWS_MANY ? Q8_ROWS_MANY : 1);
-        struct q8_tile m;
         q8_place(a, &m, r, 1, R);
         if (R == Q8_STREAMS_ONE && a->n == 1)
             (wb ? q8_tile_one_1 : q8_tile_one_0)(a, &m, 0);
