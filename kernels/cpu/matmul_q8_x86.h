@@ -400,7 +400,8 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
         __m512 v = _mm512_permutexvar_ps(split, acc[r][p]);
         float *y = a->y + (t0 + 2 * p) * a->rows + m->row0 + r;
         y[0] = pp__merge8_avx(_mm512_castps512_ps256(v));
-        y[a->rows] = pp__merge8_avx(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+        y[a->rows] = pp__merge8_avx(hi);
     }
 }
 
@@ -430,7 +431,8 @@ Q8Z_TILE(1, 2)
 Q8Z_TILE(1, 3)
 /* [WB][TP] */
 static const q8_tile_fn q8z_tiles[2][Q8Z_PAIRS + 1] = {
-    {NULL, q8z_tile_0_1, q8z_tile_0_2, q8z_tile_0_3}, {NULL, q8z_tile_1_1, q8z_tile_1_2, q8z_tile_1_3}};
+    {NULL, q8z_tile_0_1, q8z_tile_0_2, q8z_tile_0_3},
+    {NULL, q8z_tile_1_1, q8z_tile_1_2, q8z_tile_1_3}};
 _Static_assert(Q8Z_ROWS == Q8_STREAMS_ONE, "an odd last token takes the one-token tile's rows");
 
 /* Rows [r, r + Q8Z_ROWS) for every token: pairs in tiles of up to Q8Z_PAIRS, an odd last token
