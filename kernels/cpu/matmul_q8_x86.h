@@ -58,8 +58,8 @@
  * bytes on in the copy (WB), 34 and 34 in the file's blocks; its output goes to y column
  * row0 + r · row_step; a prefetch goes ahead bytes past the byte read beside it. */
 struct q8_tile {
-    const char *q[4];
-    const char *d[4];
+    const char *q[6];
+    const char *d[6];
     int64_t row0, row_step, ahead;
     double *sc; /* the zmm tiles' scales (Q8_ZMM): Q8Z_ROWS · Q8Z_PAIRS · 8, in the thread's
                  * scratch */
@@ -268,7 +268,7 @@ _Static_assert(Q8_ROWS_MANY == 3, "q8_tiles names the 3-row tiles");
  * kernels/cpu/matmul_q8.h. The ymm tile (3 rows × 4 tokens) converted and scaled each (row,
  * token) with its own three instructions; this one does two with three (one thread, operands in
  * L1, the Xeon host: 58-61% of the FMA peak against 83-87%, docs/benchmarks.md). */
-#define Q8Z_ROWS 4
+#define Q8Z_ROWS 6
 #define Q8Z_PAIRS 3
 _Static_assert(Q8Z_ROWS * Q8Z_PAIRS * 16 <= PP_MM_ACC_CAP, "the scales fit the acc scratch");
 
@@ -296,7 +296,7 @@ Q8_AI void q8z_scales8(double sc[Q8Z_ROWS][Q8Z_PAIRS][8], const struct q8_tile *
         dx[p] = _mm512_permutex2var_ps(_mm512_castps256_ps512(v[0]), ilv,
                                        _mm512_castps256_ps512(v[1]));
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+    _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
     {
         __m128i h;
         if (WB && n == 8)
@@ -337,7 +337,7 @@ Q8_AI void q8z_block(__m512 acc[Q8Z_ROWS][Q8Z_PAIRS], const struct q8_tile *m,
         else /* the activations biased to unsigned, for the file's signed weights */
             xp[p] = _mm512_xor_si512(xp[p], bias);
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+    _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
     {
         const char *u = m->q[r] + b * qs;
         if (PF && (!WB || !(j & 1)))
@@ -358,8 +358,9 @@ Q8_AI void q8z_block(__m512 acc[Q8Z_ROWS][Q8Z_PAIRS], const struct q8_tile *m,
     }
 }
 
-/* Q8Z_ROWS rows × TP token pairs from token t0; PF and L2 as q8_run's. */
-Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, int TP,
+/* Q8Z_ROWS rows × TP token pairs from token t0, or 2 TP - 1 tokens when ODD (the last pair is
+ * that token twice, and its copy's outputs are dropped); PF and L2 as q8_run's. */
+Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, int TP, int ODD,
                    int64_t t0, int PF, int L2)
 {
     __m512 acc[Q8Z_ROWS][Q8Z_PAIRS];
@@ -369,15 +370,16 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
     int64_t blocks = a->cols / PP_Q8_0_BLOCK;
     _Pragma("GCC unroll 6") for (int t = 0; t < 2 * TP; t++)
     {
-        xq[t] = a->xq + (t0 + t) * a->cols;
-        xd[t] = a->xd + (t0 + t) * blocks;
+        int64_t tt = ODD && t == 2 * TP - 1 ? t - 1 : t;
+        xq[t] = a->xq + (t0 + tt) * a->cols;
+        xd[t] = a->xd + (t0 + tt) * blocks;
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+    _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
         _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++) acc[r][p] = _mm512_setzero_ps();
     for (int64_t b8 = 0; b8 < blocks; b8 += 8) {
         int n = blocks - b8 < 8 ? (int)(blocks - b8) : 8;
         if (PF && WB) { /* the rows' scales of the next tile, beside its int8 */
-            _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+            _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
                 q8_prefetch(m->d[r] + 2 * b8 + m->ahead, L2);
         }
         q8z_scales8(sc, m, xd, WB, TP, b8, n);
@@ -394,53 +396,52 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
     }
     /* even lanes (token 2p) to the low half, odd ones (token 2p + 1) to the high half */
     const __m512i split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    _Pragma("GCC unroll 4") for (int r = 0; r < Q8Z_ROWS; r++)
+    _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
         _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
     {
         __m512 v = _mm512_permutexvar_ps(split, acc[r][p]);
         float *y = a->y + (t0 + 2 * p) * a->rows + m->row0 + r;
         y[0] = pp__merge8_avx(_mm512_castps512_ps256(v));
         __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-        y[a->rows] = pp__merge8_avx(hi);
+        if (!ODD || p < TP - 1)
+            y[a->rows] = pp__merge8_avx(hi);
     }
 }
 
 /* The first token tile of its rows prefetches the next tile's rows, the others do not. */
 Q8_AI void q8z_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int WB, int TP,
-                      int64_t t0)
+                      int ODD, int64_t t0)
 {
     if (t0 != 0)
-        q8z_run(a, m, WB, TP, t0, 0, 0);
+        q8z_run(a, m, WB, TP, ODD, t0, 0, 0);
     else if (a->prefetch_l2)
-        q8z_run(a, m, WB, TP, t0, 1, 1);
+        q8z_run(a, m, WB, TP, ODD, t0, 1, 1);
     else
-        q8z_run(a, m, WB, TP, t0, 1, 0);
+        q8z_run(a, m, WB, TP, ODD, t0, 1, 0);
 }
 
-#define Q8Z_TILE(wb, tp)                                                                           \
-    __attribute__((noinline)) static void q8z_tile_##wb##_##tp(                                    \
+#define Q8Z_TILE(wb, tp, odd)                                                                      \
+    __attribute__((noinline)) static void q8z_tile_##wb##_##tp##_##odd(                            \
         const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                           \
     {                                                                                              \
-        q8z_run_pf(a, m, wb, tp, t0);                                                              \
+        q8z_run_pf(a, m, wb, tp, odd, t0);                                                         \
     }
-Q8Z_TILE(0, 1)
-Q8Z_TILE(0, 2)
-Q8Z_TILE(0, 3)
-Q8Z_TILE(1, 1)
-Q8Z_TILE(1, 2)
-Q8Z_TILE(1, 3)
-/* [WB][TP] */
+#define Q8Z_TILES(wb)                                                                              \
+    Q8Z_TILE(wb, 1, 0) Q8Z_TILE(wb, 2, 0) Q8Z_TILE(wb, 3, 0) Q8Z_TILE(wb, 1, 1)
+Q8Z_TILES(0)
+Q8Z_TILES(1)
+/* [WB][TP], and [WB] for one token alone */
 static const q8_tile_fn q8z_tiles[2][Q8Z_PAIRS + 1] = {
-    {NULL, q8z_tile_0_1, q8z_tile_0_2, q8z_tile_0_3},
-    {NULL, q8z_tile_1_1, q8z_tile_1_2, q8z_tile_1_3}};
-_Static_assert(Q8Z_ROWS == Q8_STREAMS_ONE, "an odd last token takes the one-token tile's rows");
+    {NULL, q8z_tile_0_1_0, q8z_tile_0_2_0, q8z_tile_0_3_0},
+    {NULL, q8z_tile_1_1_0, q8z_tile_1_2_0, q8z_tile_1_3_0}};
+static const q8_tile_fn q8z_tiles_odd[2] = {q8z_tile_0_1_1, q8z_tile_1_1_1};
 
 /* Rows [r, r + Q8Z_ROWS) for every token: pairs in tiles of up to Q8Z_PAIRS, an odd last token
- * alone. */
-static void q8z_rows4(const struct pp_mm_args *a, const struct q8_tile *m, int wb)
+ * alone (as a pair of itself). */
+static void q8z_rows(const struct pp_mm_args *a, const struct q8_tile *m, int wb)
 {
     int64_t t0 = 0;
-    for (; t0 + 2 <= a->n; t0 += 2 * Q8Z_PAIRS) {
+    for (; a->n - t0 >= 2; t0 += 2 * Q8Z_PAIRS) {
         int64_t tp = (a->n - t0) / 2 < Q8Z_PAIRS ? (a->n - t0) / 2 : Q8Z_PAIRS;
         q8z_tiles[wb][tp](a, m, t0);
         if (tp < Q8Z_PAIRS) {
@@ -449,7 +450,7 @@ static void q8z_rows4(const struct pp_mm_args *a, const struct q8_tile *m, int w
         }
     }
     if (t0 < a->n)
-        q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 1, t0);
+        q8z_tiles_odd[wb](a, m, t0);
 }
 #endif
 
@@ -491,10 +492,10 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         int64_t left = r1 - r;
         struct q8_tile m;
 #if Q8_ZMM
-        if (a->n > 2 && a->n >= Q8Z_MIN_TOKENS && left >= Q8Z_ROWS) {
+        if (a->n >= Q8Z_MIN_TOKENS && !a->prefetch_l2 && left >= Q8Z_ROWS) {
             q8_place(a, &m, r, 1, Q8Z_ROWS);
             m.sc = (double *)scratch->acc;
-            q8z_rows4(a, &m, wb);
+            q8z_rows(a, &m, wb);
             r += Q8Z_ROWS;
             continue;
         }
