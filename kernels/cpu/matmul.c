@@ -68,11 +68,15 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread)
     }
 }
 
+/* Tokens [t0, t1) in int8, and their pairs where the matmul reads them (t0 is even: the pool
+ * hands out whole grains of 4). */
 static void quantize_tokens(void *ctx, int64_t t0, int64_t t1, int thread)
 {
     struct matmul_job *j = ctx;
     (void)thread;
     pp__q8_act_fill(&j->args[0], j->cpu->simd->q8_act, t0, t1);
+    if (j->args[0].xpair)
+        pp__q8_pairs_fill(&j->args[0], j->cpu->simd->q8_pairs, t0, t1);
 }
 
 static void copy_padded(void *ctx, int64_t t0, int64_t t1, int thread)
@@ -144,10 +148,15 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
         }
         if (q8) {
             a0->x = x + t0 * cols;
-            assert(pp__q8_act_bytes(nt, cols) <= c->x_padded_cap * (int64_t)sizeof(float));
+            /* the pairs after the int8, on a line of their own */
+            int64_t act = (pp__q8_act_bytes(nt, cols) + 63) / 64 * 64;
+            int pairs = pp__q8_pairs_wanted(c->simd, c->prefetch_l2, nt);
+            assert(act + pp__q8_pairs_bytes(nt, cols) <=
+                   c->x_padded_cap * (int64_t)sizeof(float));
             pp__q8_act_bind(a0, j.padded);
+            pp__q8_pairs_bind(a0, pairs ? (char *)j.padded + act : NULL);
             if (nt < 8)
-                pp__q8_act_fill(a0, c->simd->q8_act, 0, nt);
+                quantize_tokens(&j, 0, nt, 0);
             else
                 pp_threadpool_run(c->pool, quantize_tokens, &j, nt, 4);
         }
@@ -159,6 +168,8 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
                 a->n = nt;
                 a->xq = a0->xq;
                 a->xd = a0->xd;
+                a->xpair = a0->xpair;
+                a->xneg = a0->xneg;
             }
             a->y = y[i] + t0 * a->rows;
         }

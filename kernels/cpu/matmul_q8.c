@@ -2,6 +2,7 @@
  * activations, the portable loops that define the arithmetic, and where a row's blocks live. */
 #include "kernels/cpu/matmul_q8.h"
 
+#include <assert.h>
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -49,6 +50,23 @@ void pp__q8_act_fill(const struct pp_mm_args *a, pp_q8_act_fn act, int64_t t0, i
     for (int64_t t = t0; t < t1; t++)
         act((int8_t *)a->xq + t * a->cols, (float *)a->xd + t * blocks, a->x + t * a->ldx,
             a->cols);
+}
+
+void pp__q8_pairs_bind(struct pp_mm_args *a, void *buf)
+{
+    a->xpair = buf;
+    a->xneg = buf ? a->xpair + (a->n + 1) / 2 * (a->cols / PP_Q8_0_BLOCK) * 16 : NULL;
+}
+
+void pp__q8_pairs_fill(const struct pp_mm_args *a, pp_q8_pairs_fn fn, int64_t t0, int64_t t1)
+{
+    assert(t0 % 2 == 0);
+    int64_t blocks = a->cols / PP_Q8_0_BLOCK;
+    for (int64_t t = t0; t < t1; t += 2) {
+        int64_t off = t / 2 * blocks * 16;
+        fn((int32_t *)a->xpair + off, (int32_t *)a->xneg + off, a->xq + t * a->cols,
+           a->xq + (t + 1 < a->n ? t + 1 : t) * a->cols, blocks);
+    }
 }
 
 /* One output element in the canonical order. */

@@ -34,6 +34,31 @@ void pp__q8_act_bind(struct pp_mm_args *a, void *buf);
 /* Quantizes tokens [t0, t1) of a->x into the buffer bound to a. */
 void pp__q8_act_fill(const struct pp_mm_args *a, pp_q8_act_fn act, int64_t t0, int64_t t1);
 
+/* The pair tiles of AVX-512 VNNI (Q8_ZMM in kernels/cpu/matmul_q8_x86.h) run from this many
+ * tokens, outside the Zen 4 tuning, reading the activations as pairs built once per matmul: pair
+ * p holds tokens 2p and 2p + 1 (an odd last token twice), per block 16 int32: xpair's lane 2i
+ * is token 2p's four bytes 4i..4i+3 of the block and lane 2i + 1 token 2p + 1's, and xneg's
+ * lane is -128 times the sum of that lane's four bytes (what the copy's weights, stored biased
+ * by 128, add too much). Only a layout: no bit depends on it. */
+#define PP_Q8_PAIRS_MIN_TOKENS 4
+/* Whether a matmul of n tokens on table s reads pairs (prefetch_l2: the backend's Zen 4 tuning,
+ * where the ymm tiles stay: unmeasured there). */
+static inline int pp__q8_pairs_wanted(const struct pp_simd *s, int prefetch_l2, int64_t n)
+{
+    return s->q8_pairs && !prefetch_l2 && n >= PP_Q8_PAIRS_MIN_TOKENS;
+}
+/* Bytes of the pairs of n tokens of cols, 64-byte aligned. */
+static inline int64_t pp__q8_pairs_bytes(int64_t n, int64_t cols)
+{
+    return 2 * ((n + 1) / 2) * (cols / PP_Q8_0_BLOCK) * 64;
+}
+/* Points a->xpair and a->xneg into buf (pp__q8_pairs_bytes(a->n, a->cols) bytes, 64-byte
+ * aligned), or to NULL when buf is NULL. */
+void pp__q8_pairs_bind(struct pp_mm_args *a, void *buf);
+/* Builds the pairs whose first token is in [t0, t1) (t0 even) from a->xq, once a->xq holds
+ * both tokens of each. */
+void pp__q8_pairs_fill(const struct pp_mm_args *a, pp_q8_pairs_fn fn, int64_t t0, int64_t t1);
+
 /* The canonical quantization of one block of 32 floats; returns its scale. */
 float pp__q8_act_block(int8_t *q, const float *x);
 void pp__q8_act_portable(int8_t *q, float *d, const float *x, int64_t cols);
@@ -49,6 +74,8 @@ void pp__mm_q8_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 void pp__mm_q8_vnni(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     const struct pp_mm_scratch *s);
 void pp__q8_act_avx2(int8_t *q, float *d, const float *x, int64_t cols);
+void pp__q8_pairs_vnni(int32_t *xpair, int32_t *xneg, const int8_t *q0, const int8_t *q1,
+                       int64_t blocks);
 #endif
 
 /* Where row r of a Q8_0 weight keeps block 0: its int8 at *q and its f16 scale at *d, block b's

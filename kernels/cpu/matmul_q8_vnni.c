@@ -21,17 +21,18 @@
 #define Q8_STREAMS_ONE 4
 #define Q8_TOKENS 4
 #define Q8_ZMM 1
-/* fewer tokens keep the ymm tiles: three went as a pair and a token alone, reading the rows twice
- * (pp_bench_matmul, two threads, 150 against 131 GFLOP/s) */
-#ifndef Q8Z_MIN_TOKENS
-#define Q8Z_MIN_TOKENS 4
-#endif
 #include "kernels/cpu/matmul_q8_x86.h"
 
 void pp__mm_q8_vnni(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     const struct pp_mm_scratch *s)
 {
     q8_rows(a, r0, r1, s);
+}
+
+void pp__q8_pairs_vnni(int32_t *xpair, int32_t *xneg, const int8_t *q0, const int8_t *q1,
+                       int64_t blocks)
+{
+    q8z_pairs(xpair, xneg, q0, q1, blocks);
 }
 
 #if defined(__clang__)

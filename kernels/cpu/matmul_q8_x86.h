@@ -316,10 +316,10 @@ Q8_AI void q8z_scales8(double sc[Q8Z_ROWS][Q8Z_PAIRS][8], const struct q8_tile *
 /* Block b8 + j of the tile into acc; PF: prefetch the next tile's rows (a line per two blocks of
  * the copy, one per block of the file's), into L2 if L2. */
 Q8_AI void q8z_block(__m512 acc[Q8Z_ROWS][Q8Z_PAIRS], const struct q8_tile *m,
-                     const int8_t *const *xq, const double sc[Q8Z_ROWS][Q8Z_PAIRS][8],
-                     int64_t b8, int j, int WB, int TP, int PF, int L2)
+                     const int32_t *const *xpr, const int32_t *const *xng,
+                     const double sc[Q8Z_ROWS][Q8Z_PAIRS][8], int64_t b8, int j, int WB, int TP,
+                     int PF, int L2)
 {
-    const __m512i ilv = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     const int64_t qs = WB ? PP_Q8_0_BLOCK : PP_Q8_0_BYTES;
@@ -327,13 +327,9 @@ Q8_AI void q8z_block(__m512 acc[Q8Z_ROWS][Q8Z_PAIRS], const struct q8_tile *m,
     __m512i xp[Q8Z_PAIRS], ncx[Q8Z_PAIRS];
     _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
     {
-        __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq[2 * p] + b * PP_Q8_0_BLOCK));
-        __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq[2 * p + 1] + b * PP_Q8_0_BLOCK));
-        xp[p] = _mm512_permutex2var_epi32(_mm512_castsi256_si512(x0), ilv,
-                                          _mm512_castsi256_si512(x1));
+        xp[p] = _mm512_loadu_si512(xpr[p] + b * 16);
         if (WB) /* -128 · Σ x per lane: the copy's weights come biased by +128 */
-            ncx[p] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xp[p]));
+            ncx[p] = _mm512_loadu_si512(xng[p] + b * 16);
         else /* the activations biased to unsigned, for the file's signed weights */
             xp[p] = _mm512_xor_si512(xp[p], bias);
     }
@@ -365,14 +361,18 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
 {
     __m512 acc[Q8Z_ROWS][Q8Z_PAIRS];
     double(*sc)[Q8Z_PAIRS][8] = (double(*)[Q8Z_PAIRS][8])m->sc;
-    const int8_t *xq[2 * Q8Z_PAIRS];
+    const int32_t *xpr[Q8Z_PAIRS], *xng[Q8Z_PAIRS];
     const float *xd[2 * Q8Z_PAIRS];
     int64_t blocks = a->cols / PP_Q8_0_BLOCK;
     _Pragma("GCC unroll 6") for (int t = 0; t < 2 * TP; t++)
     {
         int64_t tt = ODD && t == 2 * TP - 1 ? t - 1 : t;
-        xq[t] = a->xq + (t0 + tt) * a->cols;
         xd[t] = a->xd + (t0 + tt) * blocks;
+    }
+    _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
+    {
+        xpr[p] = a->xpair + (t0 / 2 + p) * blocks * 16;
+        xng[p] = a->xneg + (t0 / 2 + p) * blocks * 16;
     }
     _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
         _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++) acc[r][p] = _mm512_setzero_ps();
@@ -388,10 +388,10 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
         __asm__ volatile("" ::: "memory");
         if (n == 8) {
             _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
-                q8z_block(acc, m, xq, sc, b8, j, WB, TP, PF, L2);
+                q8z_block(acc, m, xpr, xng, sc, b8, j, WB, TP, PF, L2);
         } else {
             for (int j = 0; j < n; j++)
-                q8z_block(acc, m, xq, sc, b8, j, WB, TP, PF, L2);
+                q8z_block(acc, m, xpr, xng, sc, b8, j, WB, TP, PF, L2);
         }
     }
     /* even lanes (token 2p) to the low half, odd ones (token 2p + 1) to the high half */
@@ -452,6 +452,25 @@ static void q8z_rows(const struct pp_mm_args *a, const struct q8_tile *m, int wb
     if (t0 < a->n)
         q8z_tiles_odd[wb](a, m, t0);
 }
+
+/* One pair's xpair and xneg (kernels/cpu/matmul_q8.h, pp__q8_pairs_fill). */
+static void q8z_pairs(int32_t *xpair, int32_t *xneg, const int8_t *q0, const int8_t *q1,
+                      int64_t blocks)
+{
+    const __m512i ilv = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < blocks; b++) {
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(q0 + b * PP_Q8_0_BLOCK));
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(q1 + b * PP_Q8_0_BLOCK));
+        __m512i xp = _mm512_permutex2var_epi32(_mm512_castsi256_si512(x0), ilv,
+                                               _mm512_castsi256_si512(x1));
+        _mm512_storeu_si512(xpair + b * 16, xp);
+        _mm512_storeu_si512(xneg + b * 16,
+                            _mm512_sub_epi32(_mm512_setzero_si512(),
+                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias,
+                                                                 xp)));
+    }
+}
 #endif
 
 /* m over R rows of a: first, first + step, ...; a prefetch reads the same bytes of the row after
@@ -492,7 +511,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         int64_t left = r1 - r;
         struct q8_tile m;
 #if Q8_ZMM
-        if (a->n >= Q8Z_MIN_TOKENS && !a->prefetch_l2 && left >= Q8Z_ROWS) {
+        if (a->xpair && left >= Q8Z_ROWS) {
             q8_place(a, &m, r, 1, Q8Z_ROWS);
             m.sc = (double *)scratch->acc;
             q8z_rows(a, &m, wb);

@@ -87,6 +87,9 @@ struct pp_mm_args {
                         * (pp_simd_prefetch_l2); never changes a bit */
     const int8_t *xq;  /* Q8_0 weights: the activations in int8, [n, cols] */
     const float *xd;   /* and their block scales, [n, cols / 32] (kernels/cpu/matmul_q8.h) */
+    const int32_t *xpair; /* and, where the table has q8_pairs, the tokens in pairs (NULL when not
+                           * built), with */
+    const int32_t *xneg;  /* their -128-sums (kernels/cpu/matmul_q8.h, pp__q8_pairs_fill) */
 };
 
 /* Per-thread scratch of one matmul call. */
@@ -118,6 +121,10 @@ typedef void (*pp_convert_fn)(float *dst, const void *src, int64_t n);
 /* Quantizes one row of cols floats (a multiple of 32) to int8 in 32-element blocks: q[cols] and
  * d[cols / 32] block scales (the canonical rule of kernels/cpu/matmul_q8.h). */
 typedef void (*pp_q8_act_fn)(int8_t *q, float *d, const float *x, int64_t cols);
+/* Interleaves the int8 activations of tokens t0 and t1 (t1 may be t0) for the Q8_0 pair tiles:
+ * xpair and xneg of one pair, blocks · 16 int32 each (kernels/cpu/matmul_q8.h). */
+typedef void (*pp_q8_pairs_fn)(int32_t *xpair, int32_t *xneg, const int8_t *q0, const int8_t *q1,
+                               int64_t blocks);
 
 struct pp_simd {
     const char *name; /* "avx512", "avx2" or "portable" */
@@ -131,8 +138,10 @@ struct pp_simd {
     pp_convert_fn bf16_to_f32;
     pp_q8_act_fn q8_act;
     /* matmul_rows takes f32, f16 and bf16 weights; matmul_q8 Q8_0 ones, in integers, reading
-     * pp_mm_args.xq and xd (kernels/cpu/matmul_q8.h) */
+     * pp_mm_args.xq and xd (kernels/cpu/matmul_q8.h), and xpair and xneg where set */
     pp_mm_rows_fn matmul_q8;
+    /* NULL where matmul_q8 has no pair tiles */
+    pp_q8_pairs_fn q8_pairs;
 };
 
 /* The best implementation for this CPU. PP_SIMD in the environment caps it: "portable", "avx2" or

@@ -359,10 +359,10 @@ static void avx512_init(void)
     avx512.name = "avx512";
     avx512.matmul_rows = matmul_rows_avx512;
     __builtin_cpu_init();
-    /* Q8_0 with VNNI where the CPU has it, else with the AVX2 dot products */
-    avx512.matmul_q8 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")
-                           ? pp__mm_q8_vnni
-                           : pp__mm_q8_avx2;
+    /* Q8_0 with VNNI where the CPU has it, and its pair tiles, else with the AVX2 dot products */
+    int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+    avx512.matmul_q8 = vnni ? pp__mm_q8_vnni : pp__mm_q8_avx2;
+    avx512.q8_pairs = vnni ? pp__q8_pairs_vnni : NULL;
 }
 
 #if defined(__clang__)

@@ -233,9 +233,21 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
     g.xq = a.xq;
     g.xd = a.xd;
     int64_t gchunk = (chunk + PP_ROW_GROUP - 1) / PP_ROW_GROUP * PP_ROW_GROUP;
-    /* prefetching into L1 or L2 changes no bit either */
+    /* Q8_0's pair tiles, where the table has them, read the tokens in pairs built once */
+    void *pbuf = NULL;
+    if (dt == PP_DTYPE_Q8_0 && pp__q8_pairs_wanted(fast, 0, n)) {
+        pbuf = aligned_alloc(64, (size_t)pp__q8_pairs_bytes(n, cols));
+        assert_non_null(pbuf);
+    }
+    /* prefetching into L1 or L2 changes no bit either; the pairs are built without the L2
+     * prefetch (the Zen 4 tuning), as the backend builds them */
     for (int l2 = 0; l2 < 2; l2++) {
         a.prefetch_l2 = g.prefetch_l2 = l2;
+        pp__q8_pairs_bind(&a, l2 ? NULL : pbuf);
+        if (a.xpair)
+            pp__q8_pairs_fill(&a, fast->q8_pairs, 0, n);
+        g.xpair = a.xpair;
+        g.xneg = a.xneg;
         /* in chunks of rows, as threads take them: which rows share a call changes no bit */
         memset(y1, 0, sizeof(float) * (size_t)(n * rows));
         for (int64_t r = 0; r < rows; r += chunk)
@@ -272,6 +284,7 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
     }
     free(qbuf);
     free(qfast);
+    free(pbuf);
     free(x);
     free(y1);
     free(y2);
