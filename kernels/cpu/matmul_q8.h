@@ -35,7 +35,9 @@ void pp__q8_act_bind(struct pp_mm_args *a, void *buf);
 void pp__q8_act_fill(const struct pp_mm_args *a, pp_q8_act_fn act, int64_t t0, int64_t t1);
 
 /* The pair tiles of AVX-512 VNNI (Q8_ZMM in kernels/cpu/matmul_q8_x86.h) run from this many
- * tokens, outside the Zen 4 tuning, reading the activations as pairs built once per matmul: pair
+ * tokens (three went as a pair and a token alone, slower than the ymm tile: pp_bench_matmul, two
+ * threads, 131 against 150 GFLOP/s), outside the Zen 4 tuning, reading the activations as pairs
+ * built once per matmul: pair
  * p holds tokens 2p and 2p + 1 (an odd last token twice), per block 16 int32: xpair's lane 2i
  * is token 2p's four bytes 4i..4i+3 of the block and lane 2i + 1 token 2p + 1's, and xneg's
  * lane is -128 times the sum of that lane's four bytes (what the copy's weights, stored biased

@@ -258,16 +258,20 @@ static const q8_tile_fn q8_tiles[2][2][5] = {
 _Static_assert(Q8_ROWS_MANY == 3, "q8_tiles names the 3-row tiles");
 
 #if Q8_ZMM
-/* Many tokens with AVX-512 VNNI on zmm: Q8Z_ROWS rows × TP token pairs. A zmm holds the eight
- * lanes of one row and two tokens t, t' interleaved (int32 lane 2i is token t's lane i, lane
- * 2i + 1 token t''s), so one vpdpbusd, conversion and fused multiply-add advance sixteen
- * canonical lanes: the activations of the pair are interleaved dword by dword (vpermt2d, once per
- * pair and block), the row's 32 weight bytes duplicated dword by dword (vpermd, once per row and
- * block), and each block's two scales d_w · d_x[t], d_w · d_x[t'] lie side by side, so that one
- * 8-byte broadcast gives every lane its own. Each lane's chain is the canonical one of
- * kernels/cpu/matmul_q8.h. The ymm tile (3 rows × 4 tokens) converted and scaled each (row,
- * token) with its own three instructions; this one does two with three (one thread, operands in
- * L1, the Xeon host: 58-61% of the FMA peak against 83-87%, docs/benchmarks.md). */
+/* Many tokens with AVX-512 VNNI on zmm: Q8Z_ROWS rows × TP token pairs, where the matmul built
+ * the pairs (pp_mm_args.xpair, kernels/cpu/matmul_q8.h). A zmm holds the eight lanes of one row
+ * and two tokens t, t' interleaved (int32 lane 2i is token t's lane i, lane 2i + 1 token t''s),
+ * so one vpdpbusd, conversion and fused multiply-add advance sixteen canonical lanes: the pair's
+ * int8 come interleaved dword by dword with their -128-sums beside them, the row's 32 weight
+ * bytes are duplicated dword by dword (vpermd, once per row and block), and each block's two
+ * scales d_w · d_x[t], d_w · d_x[t'] lie side by side, so that one 8-byte broadcast gives every
+ * lane its own. Each lane's chain is the canonical one of kernels/cpu/matmul_q8.h. The ymm tile
+ * (3 rows × 4 tokens) converted and scaled each (row, token) with its own three instructions;
+ * this one does two with three. One thread, the Xeon host: a probe with its operands in L1,
+ * 58-61% of the FMA peak for the ymm loop against 83-87% for 4 rows × 3 pairs; the matmul's rows
+ * alone (96 × 2048, 126 tokens) 141-146 GFLOP/s with ymm tiles, 188-195 with these on 4 rows,
+ * 200 on 6, 202-223 with the pairs built once per matmul instead of in each tile
+ * (docs/benchmarks.md). */
 #define Q8Z_ROWS 6
 #define Q8Z_PAIRS 3
 _Static_assert(Q8Z_ROWS * Q8Z_PAIRS * 16 <= PP_MM_ACC_CAP, "the scales fit the acc scratch");
