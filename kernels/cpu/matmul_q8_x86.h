@@ -274,6 +274,13 @@ _Static_assert(Q8_ROWS_MANY == 3, "q8_tiles names the 3-row tiles");
  * (docs/benchmarks.md). */
 #define Q8Z_ROWS 6
 #define Q8Z_PAIRS 3
+/* Up to this many tokens a chunk's whole pair tiles are spaced as the one- and two-token tiles
+ * (Q8_SPACED): tile q takes rows q, q + nz, ..., q + 5 nz. pp_bench_matmul, two threads, two
+ * rounds alternating spaced and adjacent rows, of the read bandwidth: 4 tokens 79.8, 80.4% →
+ * 95.6, 90.1%; 6: 73.3, 70.6 → 91.0, 83.3%; 8: 58.5, 56.6 → 67.2, 63.5%; GFLOP/s at 12 tokens
+ * 277.8, 286.1 → 320.4, 324.2, at 20 303.6, 312.1 → 333.4, 337.5, but at 128 336.7, 349.3 →
+ * 329.7, 338.4, where the tiles are bound by arithmetic, not by the weights' streams. */
+#define Q8Z_SPACED_MAX_TOKENS 20
 _Static_assert(Q8Z_ROWS * Q8Z_PAIRS * 16 <= PP_MM_ACC_CAP, "the scales fit the acc scratch");
 
 /* sc[r][p][j] = the two floats d_w · d_x of row r, tokens 2p and 2p + 1 and block b8 + j for
@@ -404,7 +411,7 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
         _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
     {
         __m512 v = _mm512_permutexvar_ps(split, acc[r][p]);
-        float *y = a->y + (t0 + 2 * p) * a->rows + m->row0 + r;
+        float *y = a->y + (t0 + 2 * p) * a->rows + m->row0 + r * m->row_step;
         y[0] = pp__merge8_avx(_mm512_castps512_ps256(v));
         __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
         if (!ODD || p < TP - 1)
@@ -500,6 +507,19 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
      * q + 2 ns, ... of the chunk's Q8_STREAMS_ONE · ns, so each stream runs on into the next
      * tile's row */
     int64_t ns = a->n <= 2 && Q8_SPACED ? (r1 - r0) / Q8_STREAMS_ONE : 0;
+#if Q8_ZMM
+    /* the pair tiles of a few tokens spaced too (Q8Z_SPACED_MAX_TOKENS) */
+    int64_t nz = a->xpair && a->n <= Q8Z_SPACED_MAX_TOKENS ? (r1 - r0) / Q8Z_ROWS : 0;
+    if (nz >= 2) {
+        for (int64_t q = 0; q < nz; q++) {
+            struct q8_tile m;
+            q8_place(a, &m, r0 + q, nz, Q8Z_ROWS);
+            m.sc = (double *)scratch->acc;
+            q8z_rows(a, &m, wb);
+        }
+        r = r0 + Q8Z_ROWS * nz;
+    }
+#endif
     if (ns >= 2) {
         for (int64_t q = 0; q < ns; q++) {
             struct q8_tile m;
