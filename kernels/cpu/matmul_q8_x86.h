@@ -73,33 +73,40 @@ Q8_AI void q8_prefetch(const char *p, int l2)
         _mm_prefetch(p, _MM_HINT_T0);
 }
 
+/* n ≤ 8 floats at p, the rest 0. */
+Q8_AI __m256 q8_load8(const float *p, int n)
+{
+    if (n == 8)
+        return _mm256_loadu_ps(p);
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    memcpy(v, p, (size_t)n * sizeof(float));
+    return _mm256_loadu_ps(v);
+}
+
+/* Row r's scales d_w of blocks b8 to b8 + n - 1 (n ≤ 8) as f32, the rest 0. */
+Q8_AI __m256 q8_row_scales8(const struct q8_tile *m, int r, int WB, int64_t b8, int n)
+{
+    __m128i h;
+    if (WB && n == 8)
+        h = _mm_loadu_si128((const __m128i *)(m->d[r] + 2 * b8));
+    else {
+        uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = 0; j < n; j++)
+            memcpy(&v[j], m->d[r] + (b8 + j) * (WB ? 2 : PP_Q8_0_BYTES), sizeof(v[j]));
+        h = _mm_loadu_si128((const __m128i *)v);
+    }
+    return _mm256_cvtph_ps(h);
+}
+
 /* sc[r][t][j] = d_w · d_x of row r, token t and block b8 + j for j < n (n ≤ 8); the rest 0. */
 Q8_AI void q8_scales8(float sc[4][4][8], const struct q8_tile *m, const float *const *xd, int R,
                       int WB, int T, int64_t b8, int n)
 {
     __m256 dx[4];
-    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-    {
-        if (n == 8)
-            dx[t] = _mm256_loadu_ps(xd[t] + b8);
-        else {
-            float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            memcpy(v, xd[t] + b8, (size_t)n * sizeof(float));
-            dx[t] = _mm256_loadu_ps(v);
-        }
-    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) dx[t] = q8_load8(xd[t] + b8, n);
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
     {
-        __m128i h;
-        if (WB && n == 8)
-            h = _mm_loadu_si128((const __m128i *)(m->d[r] + 2 * b8));
-        else {
-            uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int j = 0; j < n; j++)
-                memcpy(&v[j], m->d[r] + (b8 + j) * (WB ? 2 : PP_Q8_0_BYTES), sizeof(v[j]));
-            h = _mm_loadu_si128((const __m128i *)v);
-        }
-        __m256 dw = _mm256_cvtph_ps(h);
+        __m256 dw = q8_row_scales8(m, r, WB, b8, n);
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
             _mm256_storeu_ps(sc[r][t], _mm256_mul_ps(dw, dx[t]));
     }
@@ -219,30 +226,21 @@ Q8_AI void q8_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int R,
         q8_run(a, m, R, WB, T, t0, 1, 0);
 }
 
-#define Q8_TILE(r, wb, t)                                                                          \
-    __attribute__((noinline)) static void q8_tile_##r##_##wb##_##t(                                \
-        const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                           \
+/* A tile function (q8_tile_fn) named name whose body is the statement body, which sees a, m and
+ * t0. */
+#define Q8_TILE_FN(name, body)                                                                     \
+    __attribute__((noinline)) static void name(const struct pp_mm_args *a,                         \
+                                               const struct q8_tile *m, int64_t t0)                \
     {                                                                                              \
-        q8_run_pf(a, m, r, wb, t, t0);                                                             \
+        body;                                                                                      \
     }
+#define Q8_TILE(r, wb, t) Q8_TILE_FN(q8_tile_##r##_##wb##_##t, q8_run_pf(a, m, r, wb, t, t0))
 #define Q8_TILES(wb)                                                                               \
     Q8_TILE(1, wb, 1) Q8_TILE(1, wb, 2) Q8_TILE(1, wb, 3) Q8_TILE(1, wb, 4)                        \
     Q8_TILE(3, wb, 1) Q8_TILE(3, wb, 2) Q8_TILE(3, wb, 3) Q8_TILE(3, wb, 4)                        \
-    __attribute__((noinline)) static void q8_tile_one_##wb(const struct pp_mm_args *a,            \
-                                                          const struct q8_tile *m, int64_t t0)    \
-    {                                                                                              \
-        q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 1, t0);                                                \
-    }                                                                                              \
-    __attribute__((noinline)) static void q8_tile_two_##wb(const struct pp_mm_args *a,            \
-                                                          const struct q8_tile *m, int64_t t0)    \
-    {                                                                                              \
-        q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 2, t0);                                                \
-    }                                                                                              \
-    __attribute__((noinline)) static void q8_tile_one_hw_##wb(                                     \
-        const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                           \
-    {                                                                                              \
-        q8_run(a, m, Q8_STREAMS_ONE, wb, 1, t0, 0, 0);                                             \
-    }
+    Q8_TILE_FN(q8_tile_one_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 1, t0))                       \
+    Q8_TILE_FN(q8_tile_two_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 2, t0))                       \
+    Q8_TILE_FN(q8_tile_one_hw_##wb, q8_run(a, m, Q8_STREAMS_ONE, wb, 1, t0, 0, 0))
 Q8_TILES(0)
 Q8_TILES(1)
 
@@ -293,32 +291,12 @@ Q8_AI void q8z_scales8(double sc[Q8Z_ROWS][Q8Z_PAIRS][8], const struct q8_tile *
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     __m512 dx[Q8Z_PAIRS];
     _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
-    {
-        __m256 v[2];
-        for (int k = 0; k < 2; k++) {
-            if (n == 8)
-                v[k] = _mm256_loadu_ps(xd[2 * p + k] + b8);
-            else {
-                float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                memcpy(t, xd[2 * p + k] + b8, (size_t)n * sizeof(float));
-                v[k] = _mm256_loadu_ps(t);
-            }
-        }
-        dx[p] = _mm512_permutex2var_ps(_mm512_castps256_ps512(v[0]), ilv,
-                                       _mm512_castps256_ps512(v[1]));
-    }
+        dx[p] = _mm512_permutex2var_ps(_mm512_castps256_ps512(q8_load8(xd[2 * p] + b8, n)), ilv,
+                                       _mm512_castps256_ps512(q8_load8(xd[2 * p + 1] + b8, n)));
     _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
     {
-        __m128i h;
-        if (WB && n == 8)
-            h = _mm_loadu_si128((const __m128i *)(m->d[r] + 2 * b8));
-        else {
-            uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int j = 0; j < n; j++)
-                memcpy(&v[j], m->d[r] + (b8 + j) * (WB ? 2 : PP_Q8_0_BYTES), sizeof(v[j]));
-            h = _mm_loadu_si128((const __m128i *)v);
-        }
-        __m512 dw = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_cvtph_ps(h)));
+        __m512 dw = _mm512_permutexvar_ps(
+            dup, _mm512_castps256_ps512(q8_row_scales8(m, r, WB, b8, n)));
         _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
             _mm512_storeu_ps((float *)sc[r][p], _mm512_mul_ps(dw, dx[p]));
     }
@@ -419,24 +397,19 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
     }
 }
 
-/* The first token tile of its rows prefetches the next tile's rows, the others do not. */
+/* The first token tile of its rows prefetches the next tile's rows, into L1: the pairs are
+ * built only outside the Zen 4 tuning, whose prefetch goes to L2. The others do not. */
 Q8_AI void q8z_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int WB, int TP,
                       int ODD, int64_t t0)
 {
-    if (t0 != 0)
-        q8z_run(a, m, WB, TP, ODD, t0, 0, 0);
-    else if (a->prefetch_l2)
-        q8z_run(a, m, WB, TP, ODD, t0, 1, 1);
-    else
+    if (t0 == 0)
         q8z_run(a, m, WB, TP, ODD, t0, 1, 0);
+    else
+        q8z_run(a, m, WB, TP, ODD, t0, 0, 0);
 }
 
 #define Q8Z_TILE(wb, tp, odd)                                                                      \
-    __attribute__((noinline)) static void q8z_tile_##wb##_##tp##_##odd(                            \
-        const struct pp_mm_args *a, const struct q8_tile *m, int64_t t0)                           \
-    {                                                                                              \
-        q8z_run_pf(a, m, wb, tp, odd, t0);                                                         \
-    }
+    Q8_TILE_FN(q8z_tile_##wb##_##tp##_##odd, q8z_run_pf(a, m, wb, tp, odd, t0))
 #define Q8Z_TILES(wb)                                                                              \
     Q8Z_TILE(wb, 1, 0) Q8Z_TILE(wb, 2, 0) Q8Z_TILE(wb, 3, 0) Q8Z_TILE(wb, 1, 1)
 Q8Z_TILES(0)
