@@ -37,10 +37,10 @@
  * L2, one token 40.8-43.6 GB/s against 37.7-39.4 before (docs/benchmarks.md, "Q8_0 prefetch"). */
 #define Q8_ROWS_MANY 3 /* rows per tile beyond two tokens */
 /* Spaced tiles for one or two tokens on every host, as the f32/f16/bf16 quads of the Zen 4
- * tuning (PP_MM_SPACED_QUADS, kernels/cpu/simd_x86_direct.h): a chunk's whole
- * tiles take rows q, q + ns, q + 2 ns, q + 3 ns, so each of a tile's streams runs on through the
- * next tile's row instead of ending after one row (2176 bytes at 2048 columns), and one token
- * leaves them to the hardware prefetch. pp_bench_matmul --beside 300, two threads, passes in
+ * tuning (PP_MM_SPACED_QUADS, kernels/cpu/simd_x86_direct.h): a chunk's whole tiles take rows q,
+ * q + ns, q + 2 ns, q + 3 ns, so each of a tile's streams runs on through the next tile's row
+ * instead of ending after one row (2176 bytes at 2048 columns), and one token leaves them to the
+ * hardware prefetch. pp_bench_matmul --beside 300, two threads, passes in
  * alternation within one run: one token, spaced against adjacent rows, 124.4 → 132.1%, 122.9 →
  * 140.1%, 101.6 → 109.8% of the bound in the slow level (Q8_0's 374 MB stream outruns the 256 MiB
  * read passes beside it) and 67.4 → 79.5%, 73.6 → 76.4% in the fast one; with the software
