@@ -58,9 +58,10 @@ static int case_new(struct loops_case *c, enum pp_dtype dt, int64_t rows, int64_
     int64_t ldx = n > PP_MM_DIRECT_MAX_TOKENS && cols % 256 == 0 ? cols + PP_MM_X_PAD : cols;
     c->w = pp_alloc_aligned(PP_MEM_WEIGHTS, (size_t)(rows * rb));
     c->x = pp_alloc_aligned(PP_MEM_ACTIVATIONS, sizeof(float) * (size_t)(n * ldx));
-    /* the int8 activations, then their pairs on a line of their own */
-    int64_t act = (pp__q8_act_bytes(n, cols) + 63) / 64 * 64;
-    c->act = pp_alloc_aligned(PP_MEM_ACTIVATIONS, (size_t)(act + pp__q8_pairs_bytes(n, cols)));
+    /* the int8 activations, then their pairs */
+    int64_t pairs_at = pp__q8_pairs_offset(n, cols);
+    c->act =
+        pp_alloc_aligned(PP_MEM_ACTIVATIONS, (size_t)(pairs_at + pp__q8_pairs_bytes(n, cols)));
     c->s.row = pp_alloc_aligned(PP_MEM_ACTIVATIONS, sizeof(float) * (size_t)cols);
     c->s.panel = pp_alloc_aligned(PP_MEM_ACTIVATIONS, sizeof(float) * PP_MM_PANEL_ROWS * PP_MM_KC);
     c->s.acc = pp_alloc_aligned(PP_MEM_ACTIVATIONS, sizeof(float) * PP_MM_ACC_CAP);
@@ -98,7 +99,7 @@ static int case_new(struct loops_case *c, enum pp_dtype dt, int64_t rows, int64_
         pp__q8_act_fill(&c->a, simd->q8_act, 0, n);
         /* the pair tiles' layout, where the backend would build it */
         if (pp__q8_pairs_wanted(simd, c->a.prefetch_l2, n)) {
-            pp__q8_pairs_bind(&c->a, (char *)c->act + act);
+            pp__q8_pairs_bind(&c->a, (char *)c->act + pairs_at);
             pp__q8_pairs_fill(&c->a, simd->q8_pairs, 0, n);
         }
     }

@@ -148,13 +148,12 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
         }
         if (q8) {
             a0->x = x + t0 * cols;
-            /* the pairs after the int8, on a line of their own */
-            int64_t act = (pp__q8_act_bytes(nt, cols) + 63) / 64 * 64;
+            int64_t pairs_at = pp__q8_pairs_offset(nt, cols);
             int pairs = pp__q8_pairs_wanted(c->simd, c->prefetch_l2, nt);
-            assert(act + pp__q8_pairs_bytes(nt, cols) <=
+            assert(pairs_at + pp__q8_pairs_bytes(nt, cols) <=
                    c->x_padded_cap * (int64_t)sizeof(float));
             pp__q8_act_bind(a0, j.padded);
-            pp__q8_pairs_bind(a0, pairs ? (char *)j.padded + act : NULL);
+            pp__q8_pairs_bind(a0, pairs ? (char *)j.padded + pairs_at : NULL);
             if (nt < 8)
                 quantize_tokens(&j, 0, nt, 0);
             else

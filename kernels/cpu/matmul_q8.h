@@ -49,6 +49,12 @@ static inline int pp__q8_pairs_wanted(const struct pp_simd *s, int prefetch_l2, 
 {
     return s->q8_pairs && !prefetch_l2 && n >= PP_Q8_PAIRS_MIN_TOKENS;
 }
+/* Where the pairs of n tokens of cols go in a buffer that holds their int8 first (bound by
+ * pp__q8_act_bind): the next line after the int8. */
+static inline int64_t pp__q8_pairs_offset(int64_t n, int64_t cols)
+{
+    return (pp__q8_act_bytes(n, cols) + 63) / 64 * 64;
+}
 /* Bytes of the pairs of n tokens of cols, 64-byte aligned. */
 static inline int64_t pp__q8_pairs_bytes(int64_t n, int64_t cols)
 {

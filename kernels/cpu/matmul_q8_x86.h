@@ -469,44 +469,38 @@ static void q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t firs
 static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     const struct pp_mm_scratch *scratch)
 {
-    (void)scratch; /* the zmm tiles keep their scales in scratch->acc */
     int wb = a->grouped;
     int64_t r = r0;
-    /* spaced (Q8_SPACED): one or two tokens' whole tiles first, tile q taking rows q, q + ns,
-     * q + 2 ns, ... of the chunk's Q8_STREAMS_ONE · ns, so each stream runs on into the next
-     * tile's row */
-    int64_t ns = a->n <= 2 && Q8_SPACED ? (r1 - r0) / Q8_STREAMS_ONE : 0;
+    struct q8_tile m;
+    m.sc = (double *)scratch->acc; /* the zmm tiles' scales */
+    /* spaced: whole tiles first, tile q taking rows q, q + ns, q + 2 ns, ... of the chunk's
+     * rs · ns, so each stream runs on into the next tile's row: one or two tokens' (Q8_SPACED),
+     * and the pair tiles of a few tokens (Q8Z_SPACED_MAX_TOKENS) */
+    int rs = a->n <= 2 && Q8_SPACED ? Q8_STREAMS_ONE : 0;
 #if Q8_ZMM
-    /* the pair tiles of a few tokens spaced too (Q8Z_SPACED_MAX_TOKENS) */
-    int64_t nz = a->xpair && a->n <= Q8Z_SPACED_MAX_TOKENS ? (r1 - r0) / Q8Z_ROWS : 0;
-    if (nz >= 2) {
-        for (int64_t q = 0; q < nz; q++) {
-            struct q8_tile m;
-            q8_place(a, &m, r0 + q, nz, Q8Z_ROWS);
-            m.sc = (double *)scratch->acc;
-            q8z_rows(a, &m, wb);
-        }
-        r = r0 + Q8Z_ROWS * nz;
-    }
+    if (a->xpair && a->n <= Q8Z_SPACED_MAX_TOKENS)
+        rs = Q8Z_ROWS;
 #endif
+    int64_t ns = rs ? (r1 - r0) / rs : 0;
     if (ns >= 2) {
         for (int64_t q = 0; q < ns; q++) {
-            struct q8_tile m;
-            q8_place(a, &m, r0 + q, ns, Q8_STREAMS_ONE);
+            q8_place(a, &m, r0 + q, ns, rs);
             if (a->n == 1)
                 (wb ? q8_tile_one_hw_1 : q8_tile_one_hw_0)(a, &m, 0);
-            else
+            else if (a->n == 2)
                 (wb ? q8_tile_two_1 : q8_tile_two_0)(a, &m, 0);
+#if Q8_ZMM
+            else
+                q8z_rows(a, &m, wb);
+#endif
         }
-        r = r0 + Q8_STREAMS_ONE * ns;
+        r = r0 + rs * ns;
     }
     while (r < r1) {
         int64_t left = r1 - r;
-        struct q8_tile m;
 #if Q8_ZMM
         if (a->xpair && left >= Q8Z_ROWS) {
             q8_place(a, &m, r, 1, Q8Z_ROWS);
-            m.sc = (double *)scratch->acc;
             q8z_rows(a, &m, wb);
             r += Q8Z_ROWS;
             continue;
