@@ -98,7 +98,7 @@ static int case_new(struct loops_case *c, enum pp_dtype dt, int64_t rows, int64_
         pp__q8_act_bind(&c->a, c->act);
         pp__q8_act_fill(&c->a, simd->q8_act, 0, n);
         /* the pair tiles' layout, where the backend would build it */
-        if (pp__q8_pairs_wanted(simd, c->a.prefetch_l2, n)) {
+        if (pp__q8_pairs_wanted(simd, pp_simd_q8_pairs_here(), n)) {
             pp__q8_pairs_bind(&c->a, (char *)c->act + pairs_at);
             pp__q8_pairs_fill(&c->a, simd->q8_pairs, 0, n);
         }

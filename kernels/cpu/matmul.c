@@ -149,7 +149,7 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
         if (q8) {
             a0->x = x + t0 * cols;
             int64_t pairs_at = pp__q8_pairs_offset(nt, cols);
-            int pairs = pp__q8_pairs_wanted(c->simd, c->prefetch_l2, nt);
+            int pairs = pp__q8_pairs_wanted(c->simd, c->q8_pairs_here, nt);
             assert(pairs_at + pp__q8_pairs_bytes(nt, cols) <=
                    c->x_padded_cap * (int64_t)sizeof(float));
             pp__q8_act_bind(a0, j.padded);

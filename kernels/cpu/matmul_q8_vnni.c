@@ -2,8 +2,8 @@
  * byte products per int32 lane, the unsigned operand being the copy's weights (stored biased) or,
  * for the file's weights, the activations biased (kernels/cpu/matmul_q8_x86.h). One or two
  * tokens take 4 rows on ymm (four streams of weights), three tokens 3 rows × 3 on ymm, and four
- * or more, outside the Zen 4 tuning, the zmm tiles of 6 rows × 3 token pairs (Q8_ZMM), an odd
- * last token as a pair of itself; with the Zen 4 tuning, 3 rows × 4 tokens on ymm. */
+ * or more the zmm tiles of 6 rows × 3 token pairs (Q8_ZMM), an odd last token as a pair of
+ * itself, or on AMD CPUs (pp_simd_q8_pairs_here) 3 rows × 4 tokens on ymm. */
 #include "kernels/cpu/matmul_q8.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -397,8 +397,9 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
     }
 }
 
-/* The first token tile of its rows prefetches the next tile's rows, into L1: the pairs are
- * built only outside the Zen 4 tuning, whose prefetch goes to L2. The others do not. */
+/* The first token tile of its rows prefetches the next tile's rows, into L1 whatever
+ * pp_simd_prefetch_l2 says (the pair tiles were measured so, on the Xeon host, and AMD CPUs do
+ * not take them: pp_simd_q8_pairs_here). The others do not. */
 Q8_AI void q8z_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int WB, int TP,
                       int ODD, int64_t t0)
 {

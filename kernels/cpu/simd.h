@@ -158,6 +158,10 @@ pp_status pp_simd_check_env(void);
  * elsewhere (Zen 3 and the Xeon hosts measured L2 level or slower). Read when a backend is
  * created, as PP_SIMD is. */
 int pp_simd_prefetch_l2(void);
+/* Whether Q8_0 matmuls of PP_Q8_PAIRS_MIN_TOKENS or more tokens may take the zmm pair tiles, where
+ * the table has them (pp_simd.q8_pairs): 1 except on AMD CPUs, whose Zen 4 tuning keeps the ymm
+ * tiles (the pair tiles were measured on the Xeon host only). PP_PREFETCH does not change it. */
+int pp_simd_q8_pairs_here(void);
 const struct pp_simd *pp_simd_portable(void);
 /* The table named "portable", "avx2" or "avx512", or NULL when the name is unknown or this CPU or
  * build cannot run it. */

@@ -1230,10 +1230,14 @@ static void test_new_and_reserve_errors(void **state)
     assert_int_equal(pp_backend_cpu_new(2, &be), PP_ERR_INVALID_ARG);
     assert_non_null(strstr(pp_error_detail(), "PP_PREFETCH: expected l1 or l2, got \"l3\""));
     assert_int_equal(pp_mem_live(PP_MEM_MISC), misc0);
+    /* ... and nothing else: whether Q8_0 may take the pair tiles is the CPU's alone */
+    int pairs = pp_simd_q8_pairs_here();
     setenv("PP_PREFETCH", "l2", 1);
     assert_int_equal(pp_simd_prefetch_l2(), 1);
+    assert_int_equal(pp_simd_q8_pairs_here(), pairs);
     setenv("PP_PREFETCH", "l1", 1);
     assert_int_equal(pp_simd_prefetch_l2(), 0);
+    assert_int_equal(pp_simd_q8_pairs_here(), pairs);
     assert_int_equal(pp_backend_cpu_new(2, &be), PP_OK);
     be->ops->free(be);
     be = NULL;

@@ -233,17 +233,18 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
     g.xq = a.xq;
     g.xd = a.xd;
     int64_t gchunk = (chunk + PP_ROW_GROUP - 1) / PP_ROW_GROUP * PP_ROW_GROUP;
-    /* Q8_0's pair tiles, where the table has them, read the tokens in pairs built once */
+    /* Q8_0's pair tiles, where the table has them (whatever this CPU's pp_simd_q8_pairs_here
+     * says), read the tokens in pairs built once */
     void *pbuf = NULL;
-    if (dt == PP_DTYPE_Q8_0 && pp__q8_pairs_wanted(fast, 0, n)) {
+    if (dt == PP_DTYPE_Q8_0 && pp__q8_pairs_wanted(fast, 1, n)) {
         pbuf = aligned_alloc(64, (size_t)pp__q8_pairs_bytes(n, cols));
         assert_non_null(pbuf);
     }
-    /* prefetching into L1 or L2 changes no bit either; the pairs are built without the L2
-     * prefetch (the Zen 4 tuning), as the backend builds them */
-    for (int l2 = 0; l2 < 2; l2++) {
+    /* prefetching into L1 or L2 changes no bit either, with pairs or without */
+    for (int cfg = 0; cfg < (pbuf ? 4 : 2); cfg++) {
+        int l2 = cfg & 1;
         a.prefetch_l2 = g.prefetch_l2 = l2;
-        pp__q8_pairs_bind(&a, l2 ? NULL : pbuf);
+        pp__q8_pairs_bind(&a, cfg < 2 ? pbuf : NULL);
         if (a.xpair)
             pp__q8_pairs_fill(&a, fast->q8_pairs, 0, n);
         g.xpair = a.xpair;
@@ -253,17 +254,17 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
         for (int64_t r = 0; r < rows; r += chunk)
             fast_rows(&a, r, r + chunk < rows ? r + chunk : rows, &s);
         if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
-            fail_msg("matmul_rows %s [%lld,%lld] n=%lld, prefetch L%d: %s and portable differ",
+            fail_msg("matmul_rows %s [%lld,%lld] n=%lld, prefetch L%d%s: %s and portable differ",
                      pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, l2 + 1,
-                     fast->name);
+                     a.xpair ? ", pairs" : "", fast->name);
         memset(y1, 0, sizeof(float) * (size_t)(n * rows));
         for (int64_t r = 0; r < rows; r += gchunk)
             fast_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
         if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
-            fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups, prefetch L%d: %s and "
+            fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups, prefetch L%d%s: %s and "
                      "portable differ",
                      pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, l2 + 1,
-                     fast->name);
+                     a.xpair ? ", pairs" : "", fast->name);
     }
     /* the portable loop reads row groups back row by row (pp__row_groups_row_to_f32) */
     float *y3 = malloc(sizeof(float) * (size_t)(n * rows));
