@@ -98,9 +98,10 @@ static int case_new(struct loops_case *c, enum pp_dtype dt, int64_t rows, int64_
         pp__q8_act_bind(&c->a, c->act);
         pp__q8_act_fill(&c->a, simd->q8_act, 0, n);
         /* the pair tiles' layout, where the backend would build it */
-        if (pp__q8_pairs_wanted(simd, pp_simd_q8_pairs_here(), n)) {
+        pp_q8_pairs_fn pairs = pp_simd_q8_pairs(simd);
+        if (pp__q8_pairs_wanted(pairs, n)) {
             pp__q8_pairs_bind(&c->a, (char *)c->act + pairs_at);
-            pp__q8_pairs_fill(&c->a, simd->q8_pairs, 0, n);
+            pp__q8_pairs_fill(&c->a, pairs, 0, n);
         }
     }
     free(file);

@@ -76,7 +76,7 @@ static void quantize_tokens(void *ctx, int64_t t0, int64_t t1, int thread)
     (void)thread;
     pp__q8_act_fill(&j->args[0], j->cpu->simd->q8_act, t0, t1);
     if (j->args[0].xpair)
-        pp__q8_pairs_fill(&j->args[0], j->cpu->simd->q8_pairs, t0, t1);
+        pp__q8_pairs_fill(&j->args[0], j->cpu->q8_pairs, t0, t1);
 }
 
 static void copy_padded(void *ctx, int64_t t0, int64_t t1, int thread)
@@ -149,7 +149,7 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
         if (q8) {
             a0->x = x + t0 * cols;
             int64_t pairs_at = pp__q8_pairs_offset(nt, cols);
-            int pairs = pp__q8_pairs_wanted(c->simd, c->q8_pairs_here, nt);
+            int pairs = pp__q8_pairs_wanted(c->q8_pairs, nt);
             assert(pairs_at + pp__q8_pairs_bytes(nt, cols) <=
                    c->x_padded_cap * (int64_t)sizeof(float));
             pp__q8_act_bind(a0, j.padded);

@@ -43,10 +43,10 @@ void pp__q8_act_fill(const struct pp_mm_args *a, pp_q8_act_fn act, int64_t t0, i
  * sum starts there, taking back what the copy's weights, stored biased by 128, add). Only a
  * layout: no bit depends on it. */
 #define PP_Q8_PAIRS_MIN_TOKENS 4
-/* Whether a matmul of n tokens on table s reads pairs (here: pp_simd_q8_pairs_here). */
-static inline int pp__q8_pairs_wanted(const struct pp_simd *s, int here, int64_t n)
+/* Whether a matmul of n tokens reads pairs, built by fn (pp_simd_q8_pairs; NULL: none). */
+static inline int pp__q8_pairs_wanted(pp_q8_pairs_fn fn, int64_t n)
 {
-    return s->q8_pairs && here && n >= PP_Q8_PAIRS_MIN_TOKENS;
+    return fn && n >= PP_Q8_PAIRS_MIN_TOKENS;
 }
 /* Where the pairs of n tokens of cols go in a buffer that holds their int8 first (bound by
  * pp__q8_act_bind): the next line after the int8. */

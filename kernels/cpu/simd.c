@@ -160,6 +160,11 @@ int pp_simd_q8_pairs_here(void)
 #endif
 }
 
+pp_q8_pairs_fn pp_simd_q8_pairs(const struct pp_simd *s)
+{
+    return pp_simd_q8_pairs_here() ? s->q8_pairs : NULL;
+}
+
 const struct pp_simd *pp_simd_get(void)
 {
     const char *force = getenv("PP_SIMD");

@@ -162,6 +162,9 @@ int pp_simd_prefetch_l2(void);
  * the table has them (pp_simd.q8_pairs): 1 except on AMD CPUs, whose Zen 4 tuning keeps the ymm
  * tiles (the pair tiles were measured on the Xeon host only). PP_PREFETCH does not change it. */
 int pp_simd_q8_pairs_here(void);
+/* The pair builder Q8_0 matmuls on table s use on this CPU: s->q8_pairs where
+ * pp_simd_q8_pairs_here, else NULL (no pair tiles). */
+pp_q8_pairs_fn pp_simd_q8_pairs(const struct pp_simd *s);
 const struct pp_simd *pp_simd_portable(void);
 /* The table named "portable", "avx2" or "avx512", or NULL when the name is unknown or this CPU or
  * build cannot run it. */

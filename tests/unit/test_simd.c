@@ -236,7 +236,7 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
     /* Q8_0's pair tiles, where the table has them (whatever this CPU's pp_simd_q8_pairs_here
      * says), read the tokens in pairs built once */
     void *pbuf = NULL;
-    if (dt == PP_DTYPE_Q8_0 && pp__q8_pairs_wanted(fast, 1, n)) {
+    if (dt == PP_DTYPE_Q8_0 && pp__q8_pairs_wanted(fast->q8_pairs, n)) {
         pbuf = aligned_alloc(64, (size_t)pp__q8_pairs_bytes(n, cols));
         assert_non_null(pbuf);
     }
