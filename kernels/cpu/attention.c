@@ -15,7 +15,8 @@
 #include "kernels/cpu/cpu-impl.h"
 
 #define ATTN_CHUNK 256 /* positions per chunk (a split point every ATTN_CHUNK positions) */
-#define SPLIT_BELOW 4  /* split chunks across threads when queries < SPLIT_BELOW × threads */
+#define ATTN_GROUP 8   /* query heads of one KV head that share a pass over a chunk, at most */
+#define SPLIT_BELOW 4  /* split chunks across threads when query blocks < SPLIT_BELOW × threads */
 
 static inline float *kv_row(const struct pp_kv_view *kv, int32_t layer, int kv_sel,
                             const int32_t *block_table, int64_t pos)
@@ -53,15 +54,20 @@ struct attn_job {
     const struct pp_attn_seq *seqs;
     int32_t n_seqs;
     const struct pp_attn_shape *shape;
+    int32_t group;      /* query heads per KV head */
+    int32_t blocks;     /* query blocks per KV head: ceil(group / ATTN_GROUP) */
     int64_t max_chunks; /* chunks per query at most (split mode) */
     float *parts;       /* split mode: [query][chunk] of (m, l, o[head_dim]) */
 };
 
-/* One query: where its inputs and output are and the positions it sees. */
-struct query {
+/* Up to ATTN_GROUP query heads of one token that share a KV head: the same keys, the same
+ * positions, so one pass over a chunk's keys and values serves them all. */
+struct qblock {
     const struct pp_attn_seq *sq;
-    const float *q;  /* [head_dim] */
-    float *out;      /* [head_dim] */
+    int64_t row;     /* the token's batch row */
+    int32_t h0, nq;  /* query heads [h0, h0 + nq) */
+    const float *q;  /* [nq][head_dim] */
+    float *out;      /* [nq][head_dim] */
     int32_t kvh;
     int64_t first, last; /* positions [first, last] */
 };
@@ -80,56 +86,84 @@ static const struct pp_attn_seq *seq_of_row(const struct attn_job *j, int64_t ro
     return &j->seqs[lo];
 }
 
-static struct query query_of(const struct attn_job *j, int64_t row, int32_t h)
+/* Query block b of the job: row b / (KV heads · blocks), then KV head, then block. */
+static struct qblock qblock_of(const struct attn_job *j, int64_t b)
 {
     const struct pp_attn_shape *sh = j->shape;
-    struct query qr;
+    struct qblock qb;
+    int64_t per_row = (int64_t)sh->n_kv_heads * j->blocks;
     int64_t q_dim = (int64_t)sh->n_heads * sh->head_dim;
-    qr.sq = seq_of_row(j, row);
-    qr.q = j->q + row * q_dim + (int64_t)h * sh->head_dim;
-    qr.out = j->out + row * q_dim + (int64_t)h * sh->head_dim;
-    qr.kvh = h / (sh->n_heads / sh->n_kv_heads);
-    qr.last = qr.sq->pos + (row - qr.sq->row);
-    qr.first = 0;
-    if (sh->sliding_window > 0 && qr.last - sh->sliding_window + 1 > 0)
-        qr.first = qr.last - sh->sliding_window + 1;
-    return qr;
+    int32_t in_row = (int32_t)(b % per_row);
+    qb.row = b / per_row;
+    qb.kvh = in_row / j->blocks;
+    qb.h0 = qb.kvh * j->group + in_row % j->blocks * ATTN_GROUP;
+    qb.nq = j->group - (qb.h0 - qb.kvh * j->group);
+    if (qb.nq > ATTN_GROUP)
+        qb.nq = ATTN_GROUP;
+    qb.sq = seq_of_row(j, qb.row);
+    qb.q = j->q + qb.row * q_dim + (int64_t)qb.h0 * sh->head_dim;
+    qb.out = j->out + qb.row * q_dim + (int64_t)qb.h0 * sh->head_dim;
+    qb.last = qb.sq->pos + (qb.row - qb.sq->row);
+    qb.first = 0;
+    if (sh->sliding_window > 0 && qb.last - sh->sliding_window + 1 > 0)
+        qb.first = qb.last - sh->sliding_window + 1;
+    return qb;
 }
 
-/* The partial softmax of one chunk: *m, *l and o[head_dim] over positions [c0, c1] (at most
- * ATTN_CHUNK of them). The keys' dot products run four at a time, the exps (pp__expf) eight at a
- * time, and the values' weighted sum keeps o in registers; each score, the sum and each element
- * of o still take their one order. */
-static void attend_chunk(const struct attn_job *j, const struct query *qr, int64_t c0, int64_t c1,
-                         float *scores, float *m, float *l, float *o)
+/* Where the K rows of positions [c0, c0 + n) of the block's KV head are: one division per cache
+ * block, not per position. */
+static void key_rows(const struct attn_job *j, const struct qblock *qb, int64_t c0, int64_t n,
+                     const float **rows)
+{
+    const struct pp_kv_view *kv = j->kv;
+    int64_t off = (int64_t)qb->kvh * j->shape->head_dim;
+    for (int64_t i = 0; i < n;) {
+        int64_t pos = c0 + i, slot = pos % kv->block_size;
+        const float *r = kv_row(kv, j->layer, 0, qb->sq->block_table, pos) + off;
+        for (; i < n && slot < kv->block_size; i++, slot++, r += kv->kv_dim)
+            rows[i] = r;
+    }
+}
+
+/* The partial softmax of one chunk for each query q of the block: m[q], l[q] and o[q][head_dim]
+ * over positions [c0, c1] (at most ATTN_CHUNK of them). The scores of all the block's queries come
+ * from one pass over the keys (pp_simd.dots) and the weighted sums from one pass over the values
+ * (pp_simd.wsum); each score, each query's sum and each element of o still take their one order,
+ * the order of one query alone. scores: ATTN_GROUP × ATTN_CHUNK floats. */
+static void attend_chunk(const struct attn_job *j, const struct qblock *qb, int64_t c0,
+                         int64_t c1, float *scores, float *m, float *l, float *o)
 {
     const struct pp_simd *simd = j->cpu->simd;
     const struct pp_attn_shape *sh = j->shape;
-    int32_t hd = sh->head_dim;
-    int64_t n = c1 - c0 + 1, off = (int64_t)qr->kvh * hd;
+    int32_t hd = sh->head_dim, nq = qb->nq;
+    int64_t n = c1 - c0 + 1;
     const float *rows[ATTN_CHUNK];
     assert(n >= 1 && n <= ATTN_CHUNK);
-    rows[0] = kv_row(j->kv, j->layer, 0, qr->sq->block_table, c0) + off;
-    for (int64_t i = 1; i < n; i++)
-        rows[i] = kv_row(j->kv, j->layer, 0, qr->sq->block_table, c0 + i) + off;
-    simd->dots(scores, qr->q, rows, n, hd);
-    float max = -INFINITY;
-    for (int64_t i = 0; i < n; i++) {
-        float s = scores[i] * sh->scale;
-        scores[i] = s;
-        if (s > max)
-            max = s;
+    key_rows(j, qb, c0, n, rows);
+    simd->dots(scores, ATTN_CHUNK, qb->q, nq, rows, n, hd);
+    float sum[ATTN_GROUP];
+    for (int32_t q = 0; q < nq; q++) {
+        float *sc = scores + q * ATTN_CHUNK, max = -INFINITY;
+        for (int64_t i = 0; i < n; i++) {
+            float s = sc[i] * sh->scale;
+            sc[i] = s;
+            if (s > max)
+                max = s;
+        }
+        simd->exp_shift(sc, max, n);
+        m[q] = max;
+        sum[q] = 0.0f;
     }
-    simd->exp_shift(scores, max, n);
-    float sum = 0.0f;
+    /* each query's sum in position order; the queries' chains side by side */
     for (int64_t i = 0; i < n; i++) {
-        sum += scores[i];
+        for (int32_t q = 0; q < nq; q++)
+            sum[q] += scores[q * ATTN_CHUNK + i];
         rows[i] += j->kv->block_elems; /* a position's V row follows its K row by one K block */
     }
-    memset(o, 0, (size_t)hd * sizeof(float));
-    simd->wsum(o, scores, rows, n, hd);
-    *m = max;
-    *l = sum;
+    for (int32_t q = 0; q < nq; q++)
+        l[q] = sum[q];
+    memset(o, 0, (size_t)nq * (size_t)hd * sizeof(float));
+    simd->wsum(o, scores, ATTN_CHUNK, nq, rows, n, hd);
 }
 
 /* Folds chunk partial (m, l, o) into the running (M, L, O), in increasing chunk order. */
@@ -143,33 +177,41 @@ static void merge_chunk(float *M, float *L, float *O, float m, float l, const fl
     *M = nm;
 }
 
-static void finish(const struct query *qr, float L, const float *O, int32_t hd)
+static void finish(float *out, float L, const float *O, int32_t hd)
 {
     float inv = 1.0f / L;
     for (int32_t d = 0; d < hd; d++)
-        qr->out[d] = O[d] * inv;
+        out[d] = O[d] * inv;
 }
 
-/* Scratch of one thread: scores [ATTN_CHUNK], then o [head_dim]. */
-static void attend_query(const struct attn_job *j, int64_t row, int32_t h, float *scratch)
+/* The chunk c of a block's positions: [*c0, *c1]. */
+static void chunk_span(const struct qblock *qb, int64_t c, int64_t *c0, int64_t *c1)
 {
-    struct query qr = query_of(j, row, h);
+    *c0 = c * ATTN_CHUNK > qb->first ? c * ATTN_CHUNK : qb->first;
+    *c1 = (c + 1) * ATTN_CHUNK - 1 < qb->last ? (c + 1) * ATTN_CHUNK - 1 : qb->last;
+}
+
+/* Scratch of one thread: scores [ATTN_GROUP][ATTN_CHUNK], then o [ATTN_GROUP][head_dim]. */
+static void attend_block(const struct attn_job *j, int64_t b, float *scratch)
+{
+    struct qblock qb = qblock_of(j, b);
     int32_t hd = j->shape->head_dim;
-    float *scores = scratch, *o = scratch + ATTN_CHUNK;
-    float M = 0.0f, L = 0.0f;
-    for (int64_t c = qr.first / ATTN_CHUNK; c <= qr.last / ATTN_CHUNK; c++) {
-        int64_t c0 = c * ATTN_CHUNK > qr.first ? c * ATTN_CHUNK : qr.first;
-        int64_t c1 = (c + 1) * ATTN_CHUNK - 1 < qr.last ? (c + 1) * ATTN_CHUNK - 1 : qr.last;
-        if (c == qr.first / ATTN_CHUNK) {
+    float *scores = scratch, *o = scratch + ATTN_GROUP * ATTN_CHUNK;
+    float M[ATTN_GROUP], L[ATTN_GROUP], m[ATTN_GROUP], l[ATTN_GROUP];
+    for (int64_t c = qb.first / ATTN_CHUNK; c <= qb.last / ATTN_CHUNK; c++) {
+        int64_t c0, c1;
+        chunk_span(&qb, c, &c0, &c1);
+        if (c == qb.first / ATTN_CHUNK) {
             /* the first chunk writes the running state directly */
-            attend_chunk(j, &qr, c0, c1, scores, &M, &L, qr.out);
+            attend_chunk(j, &qb, c0, c1, scores, M, L, qb.out);
         } else {
-            float m, l;
-            attend_chunk(j, &qr, c0, c1, scores, &m, &l, o);
-            merge_chunk(&M, &L, qr.out, m, l, o, hd);
+            attend_chunk(j, &qb, c0, c1, scores, m, l, o);
+            for (int32_t q = 0; q < qb.nq; q++)
+                merge_chunk(&M[q], &L[q], qb.out + q * hd, m[q], l[q], o + q * hd, hd);
         }
     }
-    finish(&qr, L, qr.out, hd);
+    for (int32_t q = 0; q < qb.nq; q++)
+        finish(qb.out + q * hd, L[q], qb.out + q * hd, hd);
 }
 
 static void attn_items(void *ctx, int64_t begin, int64_t end, int thread)
@@ -177,25 +219,39 @@ static void attn_items(void *ctx, int64_t begin, int64_t end, int thread)
     struct attn_job *j = ctx;
     float *scratch = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_SCORES, thread);
     for (int64_t it = begin; it < end; it++)
-        attend_query(j, it / j->shape->n_heads, (int32_t)(it % j->shape->n_heads), scratch);
+        attend_block(j, it, scratch);
 }
 
-/* Split mode, pass 1: item = (query, chunk) → its partial in j->parts. */
+/* Split mode: a query's partials by query index (row · heads + head) and chunk. */
+static float *part_of(const struct attn_job *j, int64_t row, int32_t h, int64_t ci)
+{
+    int64_t qi = row * j->shape->n_heads + h;
+    return j->parts + (qi * j->max_chunks + ci) * (j->shape->head_dim + 2);
+}
+
+/* Split mode, pass 1: item = (query block, chunk) → its queries' partials in j->parts. */
 static void attn_chunk_items(void *ctx, int64_t begin, int64_t end, int thread)
 {
     struct attn_job *j = ctx;
     int32_t hd = j->shape->head_dim;
     float *scores = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_SCORES, thread);
+    float *o = scores + ATTN_GROUP * ATTN_CHUNK;
     for (int64_t it = begin; it < end; it++) {
-        int64_t qi = it / j->max_chunks, ci = it % j->max_chunks;
-        struct query qr = query_of(j, qi / j->shape->n_heads, (int32_t)(qi % j->shape->n_heads));
-        int64_t c = qr.first / ATTN_CHUNK + ci;
-        if (c > qr.last / ATTN_CHUNK)
+        int64_t bi = it / j->max_chunks, ci = it % j->max_chunks;
+        struct qblock qb = qblock_of(j, bi);
+        int64_t c = qb.first / ATTN_CHUNK + ci;
+        if (c > qb.last / ATTN_CHUNK)
             continue;
-        int64_t c0 = c * ATTN_CHUNK > qr.first ? c * ATTN_CHUNK : qr.first;
-        int64_t c1 = (c + 1) * ATTN_CHUNK - 1 < qr.last ? (c + 1) * ATTN_CHUNK - 1 : qr.last;
-        float *part = j->parts + it * (hd + 2);
-        attend_chunk(j, &qr, c0, c1, scores, &part[0], &part[1], part + 2);
+        int64_t c0, c1;
+        chunk_span(&qb, c, &c0, &c1);
+        float m[ATTN_GROUP], l[ATTN_GROUP];
+        attend_chunk(j, &qb, c0, c1, scores, m, l, o);
+        for (int32_t q = 0; q < qb.nq; q++) {
+            float *part = part_of(j, qb.row, qb.h0 + q, ci);
+            part[0] = m[q];
+            part[1] = l[q];
+            memcpy(part + 2, o + q * hd, (size_t)hd * sizeof(float));
+        }
     }
 }
 
@@ -204,24 +260,30 @@ static void attn_merge_items(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     struct attn_job *j = ctx;
-    int32_t hd = j->shape->head_dim;
+    const struct pp_attn_shape *sh = j->shape;
+    int32_t hd = sh->head_dim;
     for (int64_t qi = begin; qi < end; qi++) {
-        struct query qr = query_of(j, qi / j->shape->n_heads, (int32_t)(qi % j->shape->n_heads));
-        int64_t n_chunks = qr.last / ATTN_CHUNK - qr.first / ATTN_CHUNK + 1;
-        const float *p0 = j->parts + qi * j->max_chunks * (hd + 2);
+        int64_t row = qi / sh->n_heads;
+        int32_t h = (int32_t)(qi % sh->n_heads);
+        /* the block holding head h gives the query's positions */
+        int64_t b = (row * sh->n_kv_heads + h / j->group) * j->blocks + h % j->group / ATTN_GROUP;
+        struct qblock qb = qblock_of(j, b);
+        float *out = qb.out + (int64_t)(h - qb.h0) * hd;
+        int64_t n_chunks = qb.last / ATTN_CHUNK - qb.first / ATTN_CHUNK + 1;
+        const float *p0 = part_of(j, row, h, 0);
         float M = p0[0], L = p0[1];
-        memcpy(qr.out, p0 + 2, (size_t)hd * sizeof(float));
+        memcpy(out, p0 + 2, (size_t)hd * sizeof(float));
         for (int64_t ci = 1; ci < n_chunks; ci++) {
-            const float *p = p0 + ci * (hd + 2);
-            merge_chunk(&M, &L, qr.out, p[0], p[1], p + 2, hd);
+            const float *p = part_of(j, row, h, ci);
+            merge_chunk(&M, &L, out, p[0], p[1], p + 2, hd);
         }
-        finish(&qr, L, qr.out, hd);
+        finish(out, L, out, hd);
     }
 }
 
 int64_t pp__cpu_attn_scratch(int64_t max_cols)
 {
-    return ATTN_CHUNK + max_cols;
+    return (int64_t)ATTN_GROUP * (ATTN_CHUNK + max_cols);
 }
 
 int64_t pp__cpu_attn_parts(int64_t max_cols, int64_t max_context)
@@ -244,18 +306,23 @@ void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
             max_len = seqs[s].pos + seqs[s].n_tokens;
     }
     assert(shape->head_dim <= c->max_cols);
-    struct attn_job j = {c, out, q, kv, layer, seqs, n_seqs, shape, 0, NULL};
+    struct attn_job j = {c, out, q, kv, layer, seqs, n_seqs, shape, 0, 0, 0, NULL};
+    assert(shape->n_kv_heads >= 1 && shape->n_heads % shape->n_kv_heads == 0);
+    j.group = shape->n_heads / shape->n_kv_heads;
+    j.blocks = (j.group + ATTN_GROUP - 1) / ATTN_GROUP;
     int64_t n_queries = n_rows * shape->n_heads;
+    int64_t n_blocks = n_rows * shape->n_kv_heads * j.blocks;
     int64_t span = shape->sliding_window > 0 && shape->sliding_window < max_len
                        ? shape->sliding_window : max_len;
     j.max_chunks = (span + ATTN_CHUNK - 2) / ATTN_CHUNK + 1; /* a window may straddle one more */
-    if (c->n_threads > 1 && n_queries < (int64_t)SPLIT_BELOW * c->n_threads && j.max_chunks > 1) {
+    /* either mode gives the same bits: split only where the partials fit the scratch */
+    if (c->n_threads > 1 && n_blocks < (int64_t)SPLIT_BELOW * c->n_threads && j.max_chunks > 1 &&
+        n_queries * j.max_chunks * (shape->head_dim + 2) <=
+            c->n_threads * c->cap[PP_CPU_SCRATCH_PARTS]) {
         j.parts = c->scratch[PP_CPU_SCRATCH_PARTS];
-        assert(n_queries * j.max_chunks * (shape->head_dim + 2) <=
-               c->n_threads * c->cap[PP_CPU_SCRATCH_PARTS]);
-        pp_threadpool_run(c->pool, attn_chunk_items, &j, n_queries * j.max_chunks, 1);
+        pp_threadpool_run(c->pool, attn_chunk_items, &j, n_blocks * j.max_chunks, 1);
         pp_threadpool_run(c->pool, attn_merge_items, &j, n_queries, 1);
         return;
     }
-    pp_threadpool_run(c->pool, attn_items, &j, n_queries, 1);
+    pp_threadpool_run(c->pool, attn_items, &j, n_blocks, 1);
 }

@@ -33,17 +33,21 @@ static float dot_portable(const float *a, const float *b, int64_t n)
     return pp__dot(a, b, n);
 }
 
-static void dots_portable(float *out, const float *a, const float *const *b, int64_t m, int64_t n)
+static void dots_portable(float *out, int64_t ldo, const float *a, int64_t g,
+                          const float *const *b, int64_t m, int64_t n)
 {
-    for (int64_t i = 0; i < m; i++)
-        out[i] = pp__dot(a, b[i], n);
+    for (int64_t q = 0; q < g; q++)
+        for (int64_t i = 0; i < m; i++)
+            out[q * ldo + i] = pp__dot(a + q * n, b[i], n);
 }
 
-static void wsum_portable(float *y, const float *w, const float *const *x, int64_t m, int64_t n)
+static void wsum_portable(float *y, const float *w, int64_t ldw, int64_t g,
+                          const float *const *x, int64_t m, int64_t n)
 {
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++)
-            y[j] = fmaf(w[i], x[i][j], y[j]);
+    for (int64_t q = 0; q < g; q++)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                y[q * n + j] = fmaf(w[q * ldw + i], x[i][j], y[q * n + j]);
 }
 
 static void exp_shift_portable(float *x, float shift, int64_t n)

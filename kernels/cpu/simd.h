@@ -104,14 +104,17 @@ typedef void (*pp_mm_rows_fn)(const struct pp_mm_args *a, int64_t r0, int64_t r1
                               const struct pp_mm_scratch *s);
 /* The canonical dot product pp__dot. */
 typedef float (*pp_dot_fn)(const float *a, const float *b, int64_t n);
-/* out[i] = pp__dot(a, b[i], n) for i in [0, m): one vector against m rows found anywhere (the keys
- * of an attention chunk in the paged cache). */
-typedef void (*pp_dots_fn)(float *out, const float *a, const float *const *b, int64_t m,
-                           int64_t n);
-/* For i = 0, 1, ..., m-1 in that order, y[j] = fmaf(w[i], x[i][j], y[j]) for j in [0, n): a
- * weighted sum of m rows found anywhere (the values of an attention chunk), one fused
- * multiply-add per element and row. */
-typedef void (*pp_wsum_fn)(float *y, const float *w, const float *const *x, int64_t m, int64_t n);
+/* out[q * ldo + i] = pp__dot(a + q * n, b[i], n) for q in [0, g) and i in [0, m): g vectors, one
+ * after another, against m rows found anywhere (the queries of one KV head against the keys of an
+ * attention chunk in the paged cache, each key read once for all of them). */
+typedef void (*pp_dots_fn)(float *out, int64_t ldo, const float *a, int64_t g,
+                           const float *const *b, int64_t m, int64_t n);
+/* For q in [0, g) and i = 0, 1, ..., m-1 in that order, y[q * n + j] = fmaf(w[q * ldw + i],
+ * x[i][j], y[q * n + j]) for j in [0, n): g weighted sums of the same m rows found anywhere (the
+ * values of an attention chunk, read once for a KV head's queries), one fused multiply-add per
+ * element and row. */
+typedef void (*pp_wsum_fn)(float *y, const float *w, int64_t ldw, int64_t g,
+                           const float *const *x, int64_t m, int64_t n);
 /* x[i] = pp__expf(x[i] - shift) for i in [0, n) (kernels/cpu/cpu-impl.h): attention's softmax. */
 typedef void (*pp_exp_shift_fn)(float *x, float shift, int64_t n);
 /* out[i] = pp__swiglu1(gate[i], up[i]) for i in [0, n) (kernels/cpu/cpu-impl.h). */

@@ -410,9 +410,9 @@ static float dot_avx2(const float *a, const float *b, int64_t n)
     return pp__merge8_avx(acc);
 }
 
-/* Four rows at a time: four independent chains, each pp__dot's order, so the FMA latency is
- * hidden (one dot alone waits on its single chain). */
-static void dots_avx2(float *out, const float *a, const float *const *b, int64_t m, int64_t n)
+/* One query against rows [0, m) of b, four rows at a time: four independent chains, each
+ * pp__dot's order, so the FMA latency is hidden (one dot alone waits on its single chain). */
+static void dots1_avx2(float *out, const float *a, const float *const *b, int64_t m, int64_t n)
 {
     int64_t full = n & ~(int64_t)7, i = 0;
     __m256i mk = pp__tail_mask_avx(n - full);
@@ -442,36 +442,118 @@ static void dots_avx2(float *out, const float *a, const float *const *b, int64_t
         out[i] = dot_avx2(a, b[i], n);
 }
 
-/* Up to 64 elements of y stay in registers while every row passes; a ragged tail of fewer than 8
- * elements takes scalar fused multiply-adds (fmaf and a lane of vfmadd round alike). */
-static void wsum_avx2(float *y, const float *w, const float *const *x, int64_t m, int64_t n)
+/* Two queries (at a and a + n) × four rows of b: eight chains, each pp__dot's order, merged
+ * together (pp__merge8x8_avx); out[q * ldo + r] for query q and row r. */
+AI void dots_2x4(float *out, int64_t ldo, const float *a, const float *const *b, int64_t n,
+                 __m256i mk)
+{
+    __m256 acc[8]; /* query q, row r at 4q + r */
+    _Pragma("GCC unroll 8")
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    const float *rows[4] = {b[0], b[1], b[2], b[3]};
+    int64_t full = n & ~(int64_t)7;
+    for (int64_t k = 0; k < full; k += 8) {
+        __m256 q0 = _mm256_loadu_ps(a + k), q1 = _mm256_loadu_ps(a + n + k);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < 4; r++) {
+            __m256 kv = _mm256_loadu_ps(rows[r] + k);
+            acc[r] = _mm256_fmadd_ps(q0, kv, acc[r]);
+            acc[4 + r] = _mm256_fmadd_ps(q1, kv, acc[4 + r]);
+        }
+    }
+    if (full < n) {
+        __m256 q0 = _mm256_maskload_ps(a + full, mk), q1 = _mm256_maskload_ps(a + n + full, mk);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < 4; r++) {
+            __m256 kv = _mm256_maskload_ps(rows[r] + full, mk);
+            acc[r] = _mm256_fmadd_ps(q0, kv, acc[r]);
+            acc[4 + r] = _mm256_fmadd_ps(q1, kv, acc[4 + r]);
+        }
+    }
+    __m256 sums = pp__merge8x8_avx(acc);
+    _mm_storeu_ps(out, _mm256_castps256_ps128(sums));
+    _mm_storeu_ps(out + ldo, _mm256_extractf128_ps(sums, 1));
+}
+
+/* Queries in pairs against rows in fours (dots_2x4), each row read once per pair; the rows and
+ * query left over one dot at a time. */
+static void dots_avx2(float *out, int64_t ldo, const float *a, int64_t g, const float *const *b,
+                      int64_t m, int64_t n)
+{
+    __m256i mk = pp__tail_mask_avx(n & 7);
+    int64_t q = 0;
+    for (; q + 2 <= g; q += 2) {
+        int64_t i = 0;
+        for (; i + 4 <= m; i += 4)
+            dots_2x4(out + q * ldo + i, ldo, a + q * n, b + i, n, mk);
+        for (; i < m; i++) {
+            out[q * ldo + i] = dot_avx2(a + q * n, b[i], n);
+            out[(q + 1) * ldo + i] = dot_avx2(a + (q + 1) * n, b[i], n);
+        }
+    }
+    if (q < g)
+        dots1_avx2(out + q * ldo, a + q * n, b, m, n);
+}
+
+/* NQ queries × 16 elements of y from j, every row passing once: 2 NQ chains in registers. */
+AI void wsum_tile(float *y, const float *w, int64_t ldw, const float *const *x, int64_t m,
+                  int64_t n, int64_t j, int NQ)
+{
+    __m256 acc[4][2];
+    _Pragma("GCC unroll 4")
+    for (int q = 0; q < NQ; q++) {
+        acc[q][0] = _mm256_loadu_ps(y + q * n + j);
+        acc[q][1] = _mm256_loadu_ps(y + q * n + j + 8);
+    }
+    for (int64_t i = 0; i < m; i++) {
+        const float *xi = x[i] + j;
+        __m256 v0 = _mm256_loadu_ps(xi), v1 = _mm256_loadu_ps(xi + 8);
+        _Pragma("GCC unroll 4")
+        for (int q = 0; q < NQ; q++) {
+            __m256 wv = _mm256_broadcast_ss(w + q * ldw + i);
+            acc[q][0] = _mm256_fmadd_ps(wv, v0, acc[q][0]);
+            acc[q][1] = _mm256_fmadd_ps(wv, v1, acc[q][1]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int q = 0; q < NQ; q++) {
+        _mm256_storeu_ps(y + q * n + j, acc[q][0]);
+        _mm256_storeu_ps(y + q * n + j + 8, acc[q][1]);
+    }
+}
+
+/* Queries in fours × 16 elements (wsum_tile), each row's elements read once per four queries; an
+ * element tail of fewer than 16 one query and 8 or 1 elements at a time. */
+static void wsum_avx2(float *y, const float *w, int64_t ldw, int64_t g, const float *const *x,
+                      int64_t m, int64_t n)
 {
     int64_t j = 0;
-    for (; j + 64 <= n; j += 64) {
-        __m256 r[8];
-        _Pragma("GCC unroll 8")
-        for (int v = 0; v < 8; v++)
-            r[v] = _mm256_loadu_ps(y + j + v * 8);
-        for (int64_t i = 0; i < m; i++) {
-            __m256 wv = _mm256_set1_ps(w[i]);
-            const float *xi = x[i] + j;
-            _Pragma("GCC unroll 8")
-            for (int v = 0; v < 8; v++)
-                r[v] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xi + v * 8), r[v]);
+    for (; j + 16 <= n; j += 16) {
+        int64_t q = 0;
+        for (; q + 4 <= g; q += 4)
+            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, 4);
+        if (g - q == 3)
+            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, 3);
+        else if (g - q == 2)
+            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, 2);
+        else if (g - q == 1)
+            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, 1);
+    }
+    for (int64_t q = 0; q < g; q++) {
+        float *yq = y + q * n;
+        const float *wq = w + q * ldw;
+        int64_t e = j;
+        for (; e + 8 <= n; e += 8) {
+            __m256 r = _mm256_loadu_ps(yq + e);
+            for (int64_t i = 0; i < m; i++)
+                r = _mm256_fmadd_ps(_mm256_set1_ps(wq[i]), _mm256_loadu_ps(x[i] + e), r);
+            _mm256_storeu_ps(yq + e, r);
         }
-        _Pragma("GCC unroll 8")
-        for (int v = 0; v < 8; v++)
-            _mm256_storeu_ps(y + j + v * 8, r[v]);
+        for (; e < n; e++)
+            for (int64_t i = 0; i < m; i++)
+                yq[e] = fmaf(wq[i], x[i][e], yq[e]);
     }
-    for (; j + 8 <= n; j += 8) {
-        __m256 r = _mm256_loadu_ps(y + j);
-        for (int64_t i = 0; i < m; i++)
-            r = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), _mm256_loadu_ps(x[i] + j), r);
-        _mm256_storeu_ps(y + j, r);
-    }
-    for (; j < n; j++)
-        for (int64_t i = 0; i < m; i++)
-            y[j] = fmaf(w[i], x[i][j], y[j]);
 }
 
 /* pp__expf on eight lanes, operation for operation (kernels/cpu/cpu-impl.h). */

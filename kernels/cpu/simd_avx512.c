@@ -349,6 +349,179 @@ static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r
         pp__mm_packed_avx2(a, r0, r1, s, &micro_avx512);
 }
 
+/* --- attention: the queries of one KV head against a chunk's keys and values ------------------ */
+
+/* Head dims up to this take the zmm tiles below (their queries are repacked on the stack). */
+#define ZATTN_MAX_DIM 256
+
+/* The AVX2 table's dots, for what the tiles leave over. */
+static pp_dots_fn avx2_dots;
+
+/* pp__merge8 of the 16 halves of eight zmm at once, each in its order. Quarter k of the result,
+ * lane i, is the sum of half k % 2 of v[2i + k / 2]: the halves' l_i + l_i+4 first (two vectors
+ * per step), then the pairs within each 128-bit quarter, as pp__merge8 adds them. */
+AI __m512 merge8x16(const __m512 v[8])
+{
+    __m512 c[4];
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 e0 = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 e1 = _mm512_add_ps(_mm512_shuffle_ps(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Four queries × eight rows of b: qp holds the queries in pairs, step by step (pair p, step s at
+ * qp + (p * steps + s) * 16: query 2p's eight elements, then query 2p + 1's, zero past n), and each
+ * key row's eight elements go to both halves, so one FMA advances two queries' chains. Every
+ * chain is pp__dot's; out[q * ldo + r] for query q and row r. */
+AI void zdots_4x8(float *out, int64_t ldo, const float *qp, int64_t steps, const float *const *b,
+                  int64_t n, __m256i mk)
+{
+    __m512 acc[2][8];
+    _Pragma("GCC unroll 2")
+    for (int p = 0; p < 2; p++)
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < 8; r++)
+            acc[p][r] = _mm512_setzero_ps();
+    const float *rows[8];
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < 8; r++)
+        rows[r] = b[r];
+    const float *q1 = qp + steps * 16;
+    int64_t full = n & ~(int64_t)7, s = 0;
+    for (int64_t k = 0; k < full; k += 8, s++) {
+        __m512 p0 = _mm512_loadu_ps(qp + s * 16), p1 = _mm512_loadu_ps(q1 + s * 16);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < 8; r++) {
+            __m512 kv = dup8(rows[r] + k);
+            acc[0][r] = _mm512_fmadd_ps(p0, kv, acc[0][r]);
+            acc[1][r] = _mm512_fmadd_ps(p1, kv, acc[1][r]);
+        }
+    }
+    if (full < n) {
+        __m512 p0 = _mm512_loadu_ps(qp + s * 16), p1 = _mm512_loadu_ps(q1 + s * 16);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < 8; r++) {
+            __m512 kv = _mm512_broadcast_f32x8(_mm256_maskload_ps(rows[r] + full, mk));
+            acc[0][r] = _mm512_fmadd_ps(p0, kv, acc[0][r]);
+            acc[1][r] = _mm512_fmadd_ps(p1, kv, acc[1][r]);
+        }
+    }
+    /* rows 0-3, then rows 4-7: quarter k holds query k's four sums */
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; h++) {
+        const __m512 v[8] = {acc[0][4 * h],     acc[1][4 * h],     acc[0][4 * h + 1],
+                             acc[1][4 * h + 1], acc[0][4 * h + 2], acc[1][4 * h + 2],
+                             acc[0][4 * h + 3], acc[1][4 * h + 3]};
+        __m512 sums = merge8x16(v);
+        _mm_storeu_ps(out + 4 * h, _mm512_castps512_ps128(sums));
+        _mm_storeu_ps(out + ldo + 4 * h, _mm512_extractf32x4_ps(sums, 1));
+        _mm_storeu_ps(out + 2 * ldo + 4 * h, _mm512_extractf32x4_ps(sums, 2));
+        _mm_storeu_ps(out + 3 * ldo + 4 * h, _mm512_extractf32x4_ps(sums, 3));
+    }
+}
+
+/* Queries in fours against rows in eights (zdots_4x8), each key read once per four queries; the
+ * rows and queries left over, and head dims past ZATTN_MAX_DIM, through the AVX2 loops. */
+static void dots_avx512(float *out, int64_t ldo, const float *a, int64_t g, const float *const *b,
+                        int64_t m, int64_t n)
+{
+    int64_t q = 0, steps = (n + 7) / 8;
+    if (n <= ZATTN_MAX_DIM && m >= 8) {
+        __m256i mk = pp__tail_mask_avx(n & 7);
+        float qp[2 * (ZATTN_MAX_DIM / 8) * 16];
+        for (; q + 4 <= g; q += 4) {
+            const float *aq = a + q * n;
+            for (int64_t p = 0; p < 2; p++)
+                for (int64_t s = 0; s < steps; s++) {
+                    __m256i ms = s * 8 + 8 <= n ? _mm256_set1_epi32(-1) : mk;
+                    _mm512_storeu_ps(qp + (p * steps + s) * 16,
+                                     _mm512_insertf32x8(
+                                         _mm512_castps256_ps512(_mm256_maskload_ps(
+                                             aq + 2 * p * n + s * 8, ms)),
+                                         _mm256_maskload_ps(aq + (2 * p + 1) * n + s * 8, ms), 1));
+                }
+            int64_t i = 0;
+            for (; i + 8 <= m; i += 8)
+                zdots_4x8(out + q * ldo + i, ldo, qp, steps, b + i, n, mk);
+            if (i < m)
+                avx2_dots(out + q * ldo + i, ldo, aq, 4, b + i, m - i, n);
+        }
+    }
+    if (q < g)
+        avx2_dots(out + q * ldo, ldo, a + q * n, g - q, b, m, n);
+}
+
+/* NQ queries × NV zmm of y from j (the last one masked to mk), every row passing once: NQ · NV
+ * chains in registers, each row's vectors loaded once for the NQ queries. */
+AI void zwsum_tile(float *y, const float *w, int64_t ldw, const float *const *x, int64_t m,
+                   int64_t n, int64_t j, __mmask16 mk, int NQ, int NV)
+{
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4")
+    for (int q = 0; q < NQ; q++)
+        _Pragma("GCC unroll 4")
+        for (int v = 0; v < NV; v++)
+            acc[q][v] = _mm512_maskz_loadu_ps(v == NV - 1 ? mk : (__mmask16)0xffff,
+                                              y + q * n + j + 16 * v);
+    for (int64_t i = 0; i < m; i++) {
+        const float *xi = x[i] + j;
+        __m512 xv[4];
+        _Pragma("GCC unroll 4")
+        for (int v = 0; v < NV; v++)
+            xv[v] = _mm512_maskz_loadu_ps(v == NV - 1 ? mk : (__mmask16)0xffff, xi + 16 * v);
+        _Pragma("GCC unroll 4")
+        for (int q = 0; q < NQ; q++) {
+            __m512 wv = _mm512_set1_ps(w[q * ldw + i]);
+            _Pragma("GCC unroll 4")
+            for (int v = 0; v < NV; v++)
+                acc[q][v] = _mm512_fmadd_ps(wv, xv[v], acc[q][v]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int q = 0; q < NQ; q++)
+        _Pragma("GCC unroll 4")
+        for (int v = 0; v < NV; v++)
+            _mm512_mask_storeu_ps(y + q * n + j + 16 * v, v == NV - 1 ? mk : (__mmask16)0xffff,
+                                  acc[q][v]);
+}
+
+#define ZWSUM(nq, nv)                                                                              \
+    __attribute__((noinline)) static void zwsum_##nq##_##nv(                                      \
+        float *y, const float *w, int64_t ldw, const float *const *x, int64_t m, int64_t n,       \
+        int64_t j, __mmask16 mk)                                                                   \
+    {                                                                                              \
+        zwsum_tile(y, w, ldw, x, m, n, j, mk, nq, nv);                                             \
+    }
+ZWSUM(1, 1) ZWSUM(2, 1) ZWSUM(3, 1) ZWSUM(4, 1) ZWSUM(1, 4) ZWSUM(2, 4) ZWSUM(3, 4) ZWSUM(4, 4)
+typedef void (*zwsum_fn)(float *, const float *, int64_t, const float *const *, int64_t, int64_t,
+                         int64_t, __mmask16);
+/* [NV == 4][NQ] */
+static const zwsum_fn zwsums[2][5] = {{NULL, zwsum_1_1, zwsum_2_1, zwsum_3_1, zwsum_4_1},
+                                      {NULL, zwsum_1_4, zwsum_2_4, zwsum_3_4, zwsum_4_4}};
+
+/* Queries in fours × 64 elements (16 chains, each row's four vectors read once per four queries),
+ * then 16 at a time, the last masked. */
+static void wsum_avx512(float *y, const float *w, int64_t ldw, int64_t g, const float *const *x,
+                        int64_t m, int64_t n)
+{
+    for (int64_t q = 0; q < g; q += 4) {
+        int nq = g - q < 4 ? (int)(g - q) : 4;
+        int64_t j = 0;
+        for (; j + 64 <= n; j += 64)
+            zwsums[1][nq](y + q * n, w + q * ldw, ldw, x, m, n, j, 0xffff);
+        for (; j < n; j += 16) {
+            __mmask16 mk = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+            zwsums[0][nq](y + q * n, w + q * ldw, ldw, x, m, n, j, mk);
+        }
+    }
+}
+
 static struct pp_simd avx512;
 static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
 
@@ -358,6 +531,9 @@ static void avx512_init(void)
     avx512 = *pp__simd_avx2();
     avx512.name = "avx512";
     avx512.matmul_rows = matmul_rows_avx512;
+    avx2_dots = avx512.dots;
+    avx512.dots = dots_avx512;
+    avx512.wsum = wsum_avx512;
     __builtin_cpu_init();
     /* Q8_0 with VNNI where the CPU has it, and its pair tiles, else with the AVX2 dot products */
     int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");

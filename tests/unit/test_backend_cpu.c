@@ -847,6 +847,65 @@ static void attention_ref(const struct attn_setup *s, int32_t seq, int32_t t, do
     }
 }
 
+/* The positions of one attention chunk: chunks start every 256 positions
+ * (kernels/cpu/attention.c). */
+#define ATTN_REF_CHUNK 256
+
+/* One query row in float, in the order kernels/cpu/attention.c documents for each query alone:
+ * per chunk, scores by pp__dot, scaled, their max, pp__expf of the shifted scores, their sum in
+ * position order and the values' weighted sum by fmaf in position order; the chunks merged in
+ * order. Its bits are the backend's, however many query heads share a pass over the keys. */
+static void attention_canonical(const struct attn_setup *s, int32_t seq, int32_t t, float *out)
+{
+    const struct attn_case *c = &s->c;
+    int32_t p = c->prefix[seq] + t, hd = c->head_dim;
+    int32_t first = c->window > 0 && p - c->window + 1 > 0 ? p - c->window + 1 : 0;
+    const float *q = s->q + (int64_t)(s->seqs[seq].row + t) * s->q_dim;
+    float sc[ATTN_REF_CHUNK], o[64];
+    assert_true(hd <= 64);
+    for (int32_t h = 0; h < c->n_heads; h++) {
+        int32_t kvh = h / (c->n_heads / c->n_kv_heads);
+        float M = 0.0f, L = 0.0f, *O = out + h * hd;
+        for (int32_t ch = first / ATTN_REF_CHUNK; ch <= p / ATTN_REF_CHUNK; ch++) {
+            int32_t c0 = ch * ATTN_REF_CHUNK > first ? ch * ATTN_REF_CHUNK : first;
+            int32_t c1 = (ch + 1) * ATTN_REF_CHUNK - 1 < p ? (ch + 1) * ATTN_REF_CHUNK - 1 : p;
+            float max = -INFINITY, sum = 0.0f;
+            for (int32_t i = c0; i <= c1; i++) {
+                const float *k = s->k[seq] + (int64_t)i * s->kv_dim + (int64_t)kvh * hd;
+                float x = pp__dot(q + h * hd, k, hd) * s->shape.scale;
+                sc[i - c0] = x;
+                if (x > max)
+                    max = x;
+            }
+            for (int32_t i = c0; i <= c1; i++) {
+                sc[i - c0] = pp__expf(sc[i - c0] - max);
+                sum += sc[i - c0];
+            }
+            float *acc = ch == first / ATTN_REF_CHUNK ? O : o;
+            memset(acc, 0, (size_t)hd * sizeof(float));
+            for (int32_t i = c0; i <= c1; i++)
+                for (int32_t e = 0; e < hd; e++)
+                    acc[e] = fmaf(sc[i - c0],
+                                  s->v[seq][(int64_t)i * s->kv_dim + (int64_t)kvh * hd + e],
+                                  acc[e]);
+            if (acc == O) {
+                M = max;
+                L = sum;
+                continue;
+            }
+            float nm = fmaxf(M, max);
+            float a = pp__expf(M - nm), b = pp__expf(max - nm);
+            L = L * a + sum * b;
+            for (int32_t e = 0; e < hd; e++)
+                O[e] = O[e] * a + o[e] * b;
+            M = nm;
+        }
+        float inv = 1.0f / L;
+        for (int32_t e = 0; e < hd; e++)
+            O[e] = O[e] * inv;
+    }
+}
+
 static void check_attention_case(const struct attn_case *c, uint64_t seed)
 {
     struct pp_backend *be[N_BE];
@@ -872,6 +931,18 @@ static void check_attention_case(const struct attn_case *c, uint64_t seed)
                     fail_msg("attention heads=%d/%d hd=%d window=%d: seq %d token %d elem %d: "
                              "%.9g vs %.9g", c->n_heads, c->n_kv_heads, c->head_dim, c->window, i,
                              t, e, (double)o[e], ref[e]);
+        }
+    /* the bits of each query alone, in its canonical order */
+    float canon[512];
+    for (int32_t i = 0; i < c->n_seqs; i++)
+        for (int32_t t = 0; t < c->fresh[i]; t++) {
+            attention_canonical(&s, i, t, canon);
+            const float *o = out[0] + (int64_t)(s.seqs[i].row + t) * s.q_dim;
+            for (int32_t e = 0; e < s.q_dim; e++)
+                if (memcmp(&o[e], &canon[e], sizeof(float)) != 0)
+                    fail_msg("attention heads=%d/%d hd=%d window=%d: seq %d token %d elem %d: "
+                             "%a, each query alone %a", c->n_heads, c->n_kv_heads, c->head_dim,
+                             c->window, i, t, e, (double)o[e], (double)canon[e]);
         }
     /* the same bits on every thread count */
     for (int b = 1; b < N_BE; b++)
@@ -909,7 +980,8 @@ static void test_attention_mixed_batch(void **state)
     check_attention_case(&c, 61);
 }
 
-/* Grouped-query attention: 3 query heads share a KV head; and multi-query (one KV head). */
+/* Grouped-query attention: 3, 8 and 12 query heads share a KV head; and multi-query (one KV
+ * head). */
 static void test_attention_gqa(void **state)
 {
     (void)state;
@@ -917,6 +989,12 @@ static void test_attention_gqa(void **state)
     check_attention_case(&gqa, 62);
     const struct attn_case mqa = {4, 1, 8, 0, 2, {5, 17}, {3, 1}};
     check_attention_case(&mqa, 63);
+    /* eight query heads per KV head, one pass of keys for all (tinyllama's ratio), and twelve,
+     * passed as eight and four; past a chunk boundary */
+    const struct attn_case g8 = {16, 2, 16, 0, 3, {250, 0, 3}, {9, 5, 1}};
+    check_attention_case(&g8, 66);
+    const struct attn_case g12 = {12, 1, 24, 0, 2, {260, 7}, {2, 3}};
+    check_attention_case(&g12, 67);
 }
 
 /* A sliding window: a query at p sees only keys at positions > p - window, including across a

@@ -38,54 +38,66 @@ static void test_dot_matches(void **state)
     }
 }
 
-/* dots and wsum over rows scattered in memory give pp__dot's and fmaf's bits in both tables, for
- * row counts around the four-row step and lengths around the 8- and 64-element blocks. */
+/* dots and wsum of g queries over rows scattered in memory give pp__dot's and fmaf's bits in both
+ * tables, for query counts around the pair and four-query tiles and past the attention block of
+ * eight, row counts around the four- and eight-row tiles, and lengths around the 8-, 16- and
+ * 64-element blocks and past the 256 of the zmm tiles. */
 static void test_dots_wsum_match(void **state)
 {
     (void)state;
     const struct pp_simd *fast = pp_simd_get(), *port = pp_simd_portable();
     unsigned seed = 21;
-    const int64_t lens[] = {1, 7, 8, 13, 64, 72, 128, 131};
-    for (int64_t m = 1; m <= 11; m++)
-        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
-            int64_t n = lens[li];
-            float *a = malloc(sizeof(float) * (size_t)n);
-            /* rows 3n apart, odd offset */
-            float *pool = malloc(sizeof(float) * (size_t)(n * m * 3));
-            const float *rows[11];
-            float w[11], d1[11], d2[11];
-            for (int64_t k = 0; k < n; k++)
-                a[k] = frand(&seed);
-            for (int64_t k = 0; k < n * m * 3; k++)
-                pool[k] = frand(&seed) * 10.0f;
-            for (int64_t i = 0; i < m; i++) {
-                rows[i] = pool + (m - 1 - i) * 3 * n + 1;
-                w[i] = frand(&seed);
+    const int64_t lens[] = {1, 7, 8, 13, 16, 24, 64, 72, 128, 131, 264};
+    const int64_t groups[] = {1, 2, 3, 4, 5, 8, 9};
+    enum { MAX_M = 19, MAX_G = 9, LDO = 23 };
+    for (size_t gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
+        for (int64_t m = 1; m <= MAX_M; m += (m < 12 ? 1 : 7))
+            for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+                int64_t g = groups[gi], n = lens[li];
+                float *a = malloc(sizeof(float) * (size_t)(g * n));
+                /* rows 3n apart, odd offset */
+                float *pool = malloc(sizeof(float) * (size_t)(n * m * 3));
+                const float *rows[MAX_M];
+                float w[MAX_G * LDO], d1[MAX_G * LDO], d2[MAX_G * LDO];
+                for (int64_t k = 0; k < g * n; k++)
+                    a[k] = frand(&seed);
+                for (int64_t k = 0; k < n * m * 3; k++)
+                    pool[k] = frand(&seed) * 10.0f;
+                for (int64_t i = 0; i < m; i++)
+                    rows[i] = pool + (m - 1 - i) * 3 * n + 1;
+                for (int64_t k = 0; k < MAX_G * LDO; k++)
+                    w[k] = frand(&seed);
+                fast->dots(d1, LDO, a, g, rows, m, n);
+                port->dots(d2, LDO, a, g, rows, m, n);
+                for (int64_t q = 0; q < g; q++)
+                    for (int64_t i = 0; i < m; i++) {
+                        float ref = pp__dot(a + q * n, rows[i], n);
+                        if (memcmp(&d1[q * LDO + i], &ref, sizeof(float)) != 0 ||
+                            memcmp(&d2[q * LDO + i], &ref, sizeof(float)) != 0)
+                            fail_msg("dots g=%lld m=%lld n=%lld: query %lld row %lld: %a, %a, "
+                                     "pp__dot %a", (long long)g, (long long)m, (long long)n,
+                                     (long long)q, (long long)i, (double)d1[q * LDO + i],
+                                     (double)d2[q * LDO + i], (double)ref);
+                    }
+                size_t ybytes = sizeof(float) * (size_t)(g * n);
+                float *y1 = malloc(ybytes), *y2 = malloc(ybytes), *yr = malloc(ybytes);
+                for (int64_t k = 0; k < g * n; k++)
+                    y1[k] = y2[k] = yr[k] = frand(&seed);
+                fast->wsum(y1, w, LDO, g, rows, m, n);
+                port->wsum(y2, w, LDO, g, rows, m, n);
+                for (int64_t q = 0; q < g; q++)
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t k = 0; k < n; k++)
+                            yr[q * n + k] = fmaf(w[q * LDO + i], rows[i][k], yr[q * n + k]);
+                if (memcmp(y1, yr, ybytes) != 0 || memcmp(y2, yr, ybytes) != 0)
+                    fail_msg("wsum g=%lld m=%lld n=%lld: not fmaf's bits", (long long)g,
+                             (long long)m, (long long)n);
+                free(a);
+                free(pool);
+                free(y1);
+                free(y2);
+                free(yr);
             }
-            fast->dots(d1, a, rows, m, n);
-            port->dots(d2, a, rows, m, n);
-            for (int64_t i = 0; i < m; i++) {
-                float ref = pp__dot(a, rows[i], n);
-                assert_memory_equal(&d1[i], &ref, sizeof(float));
-                assert_memory_equal(&d2[i], &ref, sizeof(float));
-            }
-            float *y1 = malloc(sizeof(float) * (size_t)n), *y2 = malloc(sizeof(float) * (size_t)n);
-            float *yr = malloc(sizeof(float) * (size_t)n);
-            for (int64_t k = 0; k < n; k++)
-                y1[k] = y2[k] = yr[k] = frand(&seed);
-            fast->wsum(y1, w, rows, m, n);
-            port->wsum(y2, w, rows, m, n);
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t k = 0; k < n; k++)
-                    yr[k] = fmaf(w[i], rows[i][k], yr[k]);
-            assert_memory_equal(y1, yr, sizeof(float) * (size_t)n);
-            assert_memory_equal(y2, yr, sizeof(float) * (size_t)n);
-            free(a);
-            free(pool);
-            free(y1);
-            free(y2);
-            free(yr);
-        }
 }
 
 /* pp__expf against exp in double over its whole range: within 2 ulp where the result is normal,
