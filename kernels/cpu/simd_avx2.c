@@ -146,25 +146,16 @@ AI void pack(float *panel, const struct pp_mm_args *a, enum pp_dtype dt, int64_t
     }
 }
 
-typedef void (*pack_fn)(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
-                        int64_t kl, int mr);
-
-static void pack_f32(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
-                     int64_t kl, int mr)
-{
-    pack(p, a, PP_DTYPE_F32, r, mc, k0, kl, mr);
-}
-
-static void pack_f16(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
-                     int64_t kl, int mr)
-{
-    pack(p, a, PP_DTYPE_F16, r, mc, k0, kl, mr);
-}
-
-static void pack_bf16(float *p, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+void pp__mm_pack_avx2(float *panel, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
                       int64_t kl, int mr)
 {
-    pack(p, a, PP_DTYPE_BF16, r, mc, k0, kl, mr);
+    /* f32, f16 and bf16: Q8_0 runs in integers (kernels/cpu/matmul_q8.h) */
+    if (a->dtype == PP_DTYPE_F32)
+        pack(panel, a, PP_DTYPE_F32, r, mc, k0, kl, mr);
+    else if (a->dtype == PP_DTYPE_F16)
+        pack(panel, a, PP_DTYPE_F16, r, mc, k0, kl, mr);
+    else
+        pack(panel, a, PP_DTYPE_BF16, r, mc, k0, kl, mr);
 }
 
 /* The AVX2 micro-tile: MR rows × NR tokens of accumulators (12) + MR weight registers + one
@@ -249,7 +240,7 @@ __attribute__((noinline)) static void micro4(const struct pp_mm_tile *m)
 }
 
 static const struct pp_mm_micro micro_avx2 = {
-    MR, NR, PP_MM_MC_MAX / MR * MR, PP_MM_NC_MAX, {NULL, micro1, micro2, micro3, micro4}, 1};
+    MR, NR, PP_MM_MC_MAX / MR * MR, PP_MM_NC_MAX, {NULL, micro1, micro2, micro3, micro4}, 1, NULL};
 _Static_assert(PP_MM_MC_MAX / MR * MR <= PP_MM_PANEL_ROWS, "the panel scratch holds a panel");
 
 /* The cache lines a panel of rows [r, r + mc) × elements [k0, k0 + kl) is packed from, one run
@@ -313,10 +304,7 @@ AI void panel_src_prefetch(struct panel_src *ps, int64_t count)
 void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s, const struct pp_mm_micro *k)
 {
-    /* f32, f16 and bf16: Q8_0 runs in integers (kernels/cpu/matmul_q8.h) */
-    pack_fn packer = a->dtype == PP_DTYPE_F32   ? pack_f32
-                     : a->dtype == PP_DTYPE_F16 ? pack_f16
-                                                : pack_bf16;
+    pp_mm_pack_fn packer = k->pack ? k->pack : pp__mm_pack_avx2;
     int64_t cols = a->cols, mr = k->mr, nr = k->nr, mc = k->mc;
     for (int64_t t0 = 0; t0 < a->n; t0 += k->nc) {
         int64_t nc = a->n - t0 < k->nc ? a->n - t0 : k->nc;

@@ -132,11 +132,14 @@ MICRO(6)
 MICRO(7)
 MICRO(8)
 
+static void pack_avx512(float *panel, const struct pp_mm_args *a, int64_t r, int64_t mc,
+                        int64_t k0, int64_t kl, int mr);
+
 /* Without the nest's prefetch of the next tile's partial sums: pp_bench_matmul at 128 tokens on
  * the Xeon host, 2 threads, four rounds, f16 293.8-326.3 GFLOP/s against 286.4-306.2 with it. */
 static const struct pp_mm_micro micro_avx512 = {
     MR, NR, PP_MM_MC_AVX512, PP_MM_NC_AVX512,
-    {NULL, micro1, micro2, micro3, micro4, micro5, micro6, micro7, micro8}, 0};
+    {NULL, micro1, micro2, micro3, micro4, micro5, micro6, micro7, micro8}, 0, pack_avx512};
 
 /* --- few tokens: two row groups in zmm pairs ------------------------------------------------- */
 
@@ -347,6 +350,67 @@ static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r
         pp__mm_direct_avx2(a, r0, r1, s);
     else
         pp__mm_packed_avx2(a, r0, r1, s, &micro_avx512);
+}
+
+/* --- many tokens: the packer ------------------------------------------------------------------ */
+
+/* One step (eight elements of six rows: two row groups) of a micro-panel as three zmm of two rows
+ * each, from group A's three adjacent units at ua and group B's at ub. */
+AI void pack_step(float *d, const char *ua, const char *ub, enum pp_dtype dt)
+{
+    if (dt == PP_DTYPE_F32) {
+        _mm512_storeu_ps(d, _mm512_loadu_ps((const float *)ua));
+        _mm512_storeu_ps(d + 16, join8((const float *)ua + 16, (const float *)ub));
+        _mm512_storeu_ps(d + 32, _mm512_loadu_ps((const float *)ub + 8));
+        return;
+    }
+    __m256i mid = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(ua + 32))),
+        _mm_loadu_si128((const __m128i *)ub), 1);
+    _mm512_storeu_ps(d, cvt16(_mm256_loadu_si256((const __m256i *)ua), dt));
+    _mm512_storeu_ps(d + 16, cvt16(mid, dt));
+    _mm512_storeu_ps(d + 32, cvt16(_mm256_loadu_si256((const __m256i *)(ub + 16)), dt));
+}
+
+AI void pack_groups(float *panel, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                    int64_t kl, enum pp_dtype dt)
+{
+    struct pp_row_group q = pp__row_group(dt, a->cols, 1, PP_ROW_GROUP);
+    int64_t full = kl & ~(int64_t)7, steps = (kl + 7) / 8;
+    for (int64_t p = 0; p < mc; p += MR) {
+        const char *ga = (const char *)a->w + (r + p) * a->row_bytes;
+        const char *gb = ga + PP_ROW_GROUP * a->row_bytes;
+        const char *ua = ga + k0 / 8 * q.unit_stride, *ub = gb + k0 / 8 * q.unit_stride;
+        float *d = panel + p / MR * steps * MR * 8;
+        for (int64_t s = 0; s * 8 < full; s++, ua += q.unit_stride, ub += q.unit_stride, d += MR * 8)
+            pack_step(d, ua, ub, dt);
+        if (full < kl) {
+            const char *t = (const char *)a->w + (k0 + full) / 8 * q.unit_stride;
+            for (int i = 0; i < MR; i++)
+                _mm256_storeu_ps(d + i * 8,
+                                 ld_w_tail(t + (r + p + i / 3 * 3) * a->row_bytes +
+                                               i % 3 * q.tail_off,
+                                           dt, kl - full));
+        }
+    }
+}
+
+/* The many-token nest's panels from weights in row groups, whole micro-panels of two groups: each
+ * step's 48 weights converted as three zmm and stored as one run (against six ymm conversions and
+ * stores in the AVX2 packer); other panels through the AVX2 packer. The same f32 either way. */
+static void pack_avx512(float *panel, const struct pp_mm_args *a, int64_t r, int64_t mc,
+                        int64_t k0, int64_t kl, int mr)
+{
+    if (!a->grouped || mr != MR || mc % MR != 0 || r % PP_ROW_GROUP != 0) {
+        pp__mm_pack_avx2(panel, a, r, mc, k0, kl, mr);
+        return;
+    }
+    if (a->dtype == PP_DTYPE_F32)
+        pack_groups(panel, a, r, mc, k0, kl, PP_DTYPE_F32);
+    else if (a->dtype == PP_DTYPE_F16)
+        pack_groups(panel, a, r, mc, k0, kl, PP_DTYPE_F16);
+    else
+        pack_groups(panel, a, r, mc, k0, kl, PP_DTYPE_BF16);
 }
 
 /* --- attention: the queries of one KV head against a chunk's keys and values ------------------ */

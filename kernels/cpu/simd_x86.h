@@ -65,15 +65,26 @@ typedef void (*pp_mm_micro_fn)(const struct pp_mm_tile *m);
 /* Tokens of the widest micro-tile (the AVX-512 one). */
 #define PP_MM_NR_MAX 8
 
+/* Packs rows [r, r + mc) × elements [k0, k0 + kl) of a's weights into f32 micro-panels of mr
+ * rows (the layout of pp_mm_tile.pp). */
+typedef void (*pp_mm_pack_fn)(float *panel, const struct pp_mm_args *a, int64_t r, int64_t mc,
+                              int64_t k0, int64_t kl, int mr);
+
 /* A micro-kernel family: mr rows (a multiple of PP_ROW_GROUP) × up to nr tokens (at most
  * PP_MM_NR_MAX), fn[t] for t tokens; panels of mc rows (a multiple of mr, at most
  * PP_MM_PANEL_ROWS); passes of up to nc tokens. acc_prefetch: the nest asks for the next tile's
- * partial sums before it runs this one. */
+ * partial sums before it runs this one. pack: the family's own packer, NULL for the AVX2 one
+ * (pp__mm_pack_avx2). */
 struct pp_mm_micro {
     int mr, nr, mc, nc;
     pp_mm_micro_fn fn[PP_MM_NR_MAX + 1];
     int acc_prefetch;
+    pp_mm_pack_fn pack;
 };
+
+/* The AVX2 packer, for any dtype but Q8_0, layout and mr. */
+void pp__mm_pack_avx2(float *panel, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
+                      int64_t kl, int mr);
 
 /* The few-token nest (n <= PP_MM_DIRECT_MAX_TOKENS) on AVX2. */
 void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
