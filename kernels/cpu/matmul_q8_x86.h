@@ -302,6 +302,17 @@ Q8_AI void q8z_scales8(double sc[Q8Z_ROWS][Q8Z_PAIRS][8], const struct q8_tile *
     }
 }
 
+/* A lane's integer sum S starts from Q8Z_MAGIC, the bits of 1.5 · 2^23, whose float has a unit
+ * in the last place of 1: the sum's bits are then those of the float 1.5 · 2^23 + S (|S| ≤ 4 ·
+ * 128 · 128 < 2^22 keeps it in that binade), and one exact subtraction gives S as a float, the
+ * value (and bits, +0 for 0) that vcvtdq2ps gives. The subtraction runs on either vector port;
+ * the conversion took the port that vpdpbusd needs too (Sapphire Rapids). */
+#define Q8Z_MAGIC 0x4B400000
+Q8_AI __m512 q8z_float(__m512i sum)
+{
+    return _mm512_sub_ps(_mm512_castsi512_ps(sum), _mm512_set1_ps(12582912.0f));
+}
+
 /* Block b8 + j of the tile into acc; PF: prefetch the next tile's rows (a line per two blocks of
  * the copy, one per block of the file's), into L2 if L2. */
 Q8_AI void q8z_block(__m512 acc[Q8Z_ROWS][Q8Z_PAIRS], const struct q8_tile *m,
@@ -329,16 +340,16 @@ Q8_AI void q8z_block(__m512 acc[Q8Z_ROWS][Q8Z_PAIRS], const struct q8_tile *m,
             q8_prefetch(u + m->ahead + (WB ? 32 : 0), L2);
         __m512i w = _mm512_permutexvar_epi32(
             dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)u)));
-        /* the file's weights: -128 · Σ w per lane starts the sum */
+        /* the file's weights: Q8Z_MAGIC - 128 · Σ w per lane starts the sum */
         __m512i nc = WB ? _mm512_setzero_si512()
-                        : _mm512_sub_epi32(_mm512_setzero_si512(),
+                        : _mm512_sub_epi32(_mm512_set1_epi32(Q8Z_MAGIC),
                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, w));
         _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
         {
             __m512i sum = WB ? _mm512_dpbusd_epi32(ncx[p], w, xp[p])
                              : _mm512_dpbusd_epi32(nc, xp[p], w);
             __m512 scale = _mm512_castpd_ps(_mm512_set1_pd(sc[r][p][j]));
-            acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r][p]);
+            acc[r][p] = _mm512_fmadd_ps(q8z_float(sum), scale, acc[r][p]);
         }
     }
 }
@@ -447,7 +458,7 @@ static void q8z_pairs(int32_t *xpair, int32_t *xneg, const int8_t *q0, const int
                                                _mm512_castsi256_si512(x1));
         _mm512_storeu_si512(xpair + b * 16, xp);
         _mm512_storeu_si512(xneg + b * 16,
-                            _mm512_sub_epi32(_mm512_setzero_si512(),
+                            _mm512_sub_epi32(_mm512_set1_epi32(Q8Z_MAGIC),
                                              _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias,
                                                                  xp)));
     }
