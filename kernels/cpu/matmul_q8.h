@@ -39,9 +39,10 @@ void pp__q8_act_fill(const struct pp_mm_args *a, pp_q8_act_fn act, int64_t t0, i
  * threads, 131 against 150 GFLOP/s), where pp_simd_q8_pairs_here allows, reading the activations
  * as pairs built once per matmul. Pair p holds tokens 2p and 2p + 1 (an odd last token twice),
  * per block 16 int32: xpair's lane 2i is token 2p's four bytes 4i..4i+3 of the block and lane
- * 2i + 1 token 2p + 1's, and xneg's lane is -128 times the sum of that lane's four bytes (a lane's
- * sum starts there, taking back what the copy's weights, stored biased by 128, add). Only a
- * layout: no bit depends on it. */
+ * 2i + 1 token 2p + 1's, and xneg's lane is Q8Z_MAGIC (kernels/cpu/matmul_q8_x86.h) minus 128
+ * times the sum of that lane's four bytes (a lane's sum starts there, taking back what the copy's
+ * weights, stored biased by 128, add, and ending as the bits of a float). Only a layout: no bit
+ * of a result depends on it. */
 #define PP_Q8_PAIRS_MIN_TOKENS 4
 /* Whether a matmul of n tokens reads pairs, built by fn (pp_simd_q8_pairs; NULL: none). */
 static inline int pp__q8_pairs_wanted(pp_q8_pairs_fn fn, int64_t n)
