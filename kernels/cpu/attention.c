@@ -5,9 +5,14 @@
  * depends only on the query's position, never on the thread count or the batch. Each chunk gives a
  * partial softmax (its max m, its sum l of exp(s - m), its weighted sum o of values, all over
  * positions in increasing order); the partials merge in increasing chunk order (merge_chunk).
- * Normally one thread runs all of a query's chunks; when a batch has too few queries to keep the
- * threads busy (decode of one sequence with few heads over a long context), chunks become the work
- * items and a second pass merges them — the same arithmetic in the same order, so the same bits. */
+ *
+ * The query heads of one token that share a KV head see the same keys at the same positions, so
+ * they go together, up to ATTN_GROUP at a time (a query block): one pass over a chunk's keys gives
+ * all their scores and one pass over its values all their weighted sums, each still computed in
+ * the one query's order. Normally one thread runs all of a block's chunks; when a batch has too
+ * few blocks to keep the threads busy (decode of one sequence over a long context), chunks become
+ * the work items and a second pass merges them — the same arithmetic in the same order, so the
+ * same bits. */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
