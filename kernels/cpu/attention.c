@@ -130,6 +130,42 @@ static void key_rows(const struct attn_job *j, const struct qblock *qb, int64_t 
     }
 }
 
+/* Each of nq queries' n scores (ATTN_CHUNK apart) times scale, and their max in m[q]: one query's
+ * chain in position order, the queries' chains side by side (each max waits on the one before;
+ * eight at once keep the core busy). Inlined with a constant nq, the chains stay in registers. */
+static inline __attribute__((always_inline)) void scale_max(float *scores, int64_t n, float scale,
+                                                            float *m, int32_t nq)
+{
+    float max[ATTN_GROUP];
+    for (int32_t q = 0; q < nq; q++)
+        max[q] = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        _Pragma("GCC unroll 8")
+        for (int32_t q = 0; q < nq; q++) {
+            float s = scores[q * ATTN_CHUNK + i] * scale;
+            scores[q * ATTN_CHUNK + i] = s;
+            max[q] = s > max[q] ? s : max[q];
+        }
+    for (int32_t q = 0; q < nq; q++)
+        m[q] = max[q];
+}
+
+/* Each query's sum of its n numerators in position order into l[q], the chains side by side as in
+ * scale_max. */
+static inline __attribute__((always_inline)) void sums(const float *scores, int64_t n, float *l,
+                                                       int32_t nq)
+{
+    float sum[ATTN_GROUP];
+    for (int32_t q = 0; q < nq; q++)
+        sum[q] = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        _Pragma("GCC unroll 8")
+        for (int32_t q = 0; q < nq; q++)
+            sum[q] += scores[q * ATTN_CHUNK + i];
+    for (int32_t q = 0; q < nq; q++)
+        l[q] = sum[q];
+}
+
 /* The partial softmax of one chunk for each query q of the block: m[q], l[q] and o[q][head_dim]
  * over positions [c0, c1] (at most ATTN_CHUNK of them). The scores of all the block's queries come
  * from one pass over the keys (pp_simd.dots) and the weighted sums from one pass over the values
@@ -146,27 +182,18 @@ static void attend_chunk(const struct attn_job *j, const struct qblock *qb, int6
     assert(n >= 1 && n <= ATTN_CHUNK);
     key_rows(j, qb, c0, n, rows);
     simd->dots(scores, ATTN_CHUNK, qb->q, nq, rows, n, hd);
-    float sum[ATTN_GROUP];
-    for (int32_t q = 0; q < nq; q++) {
-        float *sc = scores + q * ATTN_CHUNK, max = -INFINITY;
-        for (int64_t i = 0; i < n; i++) {
-            float s = sc[i] * sh->scale;
-            sc[i] = s;
-            if (s > max)
-                max = s;
-        }
-        simd->exp_shift(sc, max, n);
-        m[q] = max;
-        sum[q] = 0.0f;
-    }
-    /* each query's sum in position order; the queries' chains side by side */
-    for (int64_t i = 0; i < n; i++) {
-        for (int32_t q = 0; q < nq; q++)
-            sum[q] += scores[q * ATTN_CHUNK + i];
-        rows[i] += j->kv->block_elems; /* a position's V row follows its K row by one K block */
-    }
+    if (nq == ATTN_GROUP) /* the queries' chains in registers */
+        scale_max(scores, n, sh->scale, m, ATTN_GROUP);
+    else
+        scale_max(scores, n, sh->scale, m, nq);
     for (int32_t q = 0; q < nq; q++)
-        l[q] = sum[q];
+        simd->exp_shift(scores + q * ATTN_CHUNK, m[q], n);
+    if (nq == ATTN_GROUP)
+        sums(scores, n, l, ATTN_GROUP);
+    else
+        sums(scores, n, l, nq);
+    for (int64_t i = 0; i < n; i++)
+        rows[i] += j->kv->block_elems; /* a position's V row follows its K row by one K block */
     memset(o, 0, (size_t)nq * (size_t)hd * sizeof(float));
     simd->wsum(o, scores, ATTN_CHUNK, nq, rows, n, hd);
 }
