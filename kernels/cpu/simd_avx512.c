@@ -6,8 +6,10 @@
  * packed f32 panels of the AVX2 nest. The few-token nest is the AVX2 one
  * (kernels/cpu/simd_x86_direct.h) built here, with a 6-row tile of zmm row pairs that reads two row
  * groups at once for 1-20 tokens, and the same tile over four groups (12 rows) for 1-4 tokens of
- * f32, f16 and bf16; the other loops (and weights not in row groups) are the AVX2 ones. Q8_0
- * runs in integers, with VNNI where the CPU has it (kernels/cpu/matmul_q8.h). */
+ * f32, f16 and bf16; the other loops (and weights not in row groups) are the AVX2 ones, but for
+ * the many-token nest's packer (pack_avx512) and attention's dots and wsum, which take a KV head's
+ * queries four at a time in zmm. Q8_0 runs in integers, with VNNI where the CPU has it
+ * (kernels/cpu/matmul_q8.h). */
 #include "kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -372,6 +374,8 @@ AI void pack_step(float *d, const char *ua, const char *ub, enum pp_dtype dt)
     _mm512_storeu_ps(d + 32, cvt16(_mm256_loadu_si256((const __m256i *)(ub + 16)), dt));
 }
 
+/* Rows [r, r + mc) (whole micro-panels of two row groups) × elements [k0, k0 + kl) into the
+ * panel, step by step (pack_step), a short last step through ld_w_tail as the AVX2 packer. */
 AI void pack_groups(float *panel, const struct pp_mm_args *a, int64_t r, int64_t mc, int64_t k0,
                     int64_t kl, enum pp_dtype dt)
 {
