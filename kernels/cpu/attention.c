@@ -130,13 +130,17 @@ static void key_rows(const struct attn_job *j, const struct qblock *qb, int64_t 
     }
 }
 
-/* Each of nq queries' n scores (ATTN_CHUNK apart) times scale, and their max in m[q]: one query's
- * chain in position order, the queries' chains side by side (each max waits on the one before;
- * eight at once keep the core busy). Inlined with a constant nq, the chains stay in registers. */
-static inline __attribute__((always_inline)) void scale_max(float *scores, int64_t n, float scale,
-                                                            float *m, int32_t nq)
+/* The softmax parts of nq queries' n scores (ATTN_CHUNK apart): each score times scale, each
+ * query's max m[q], its numerators pp__expf(s - m[q]) (pp_simd.exp_shift) and their sum l[q]. The
+ * max and the sum are one chain per query in position order, the queries' chains side by side (a
+ * chain waits on its last step; eight at once keep the core busy). Inlined with a constant nq,
+ * the chains stay in registers. */
+static inline __attribute__((always_inline)) void softmax_parts(const struct pp_simd *simd,
+                                                                float *scores, int64_t n,
+                                                                float scale, float *m, float *l,
+                                                                int32_t nq)
 {
-    float max[ATTN_GROUP];
+    float max[ATTN_GROUP], sum[ATTN_GROUP];
     for (int32_t q = 0; q < nq; q++)
         max[q] = -INFINITY;
     for (int64_t i = 0; i < n; i++)
@@ -146,18 +150,11 @@ static inline __attribute__((always_inline)) void scale_max(float *scores, int64
             scores[q * ATTN_CHUNK + i] = s;
             max[q] = s > max[q] ? s : max[q];
         }
-    for (int32_t q = 0; q < nq; q++)
+    for (int32_t q = 0; q < nq; q++) {
+        simd->exp_shift(scores + q * ATTN_CHUNK, max[q], n);
         m[q] = max[q];
-}
-
-/* Each query's sum of its n numerators in position order into l[q], the chains side by side as in
- * scale_max. */
-static inline __attribute__((always_inline)) void sums(const float *scores, int64_t n, float *l,
-                                                       int32_t nq)
-{
-    float sum[ATTN_GROUP];
-    for (int32_t q = 0; q < nq; q++)
         sum[q] = 0.0f;
+    }
     for (int64_t i = 0; i < n; i++)
         _Pragma("GCC unroll 8")
         for (int32_t q = 0; q < nq; q++)
@@ -183,15 +180,9 @@ static void attend_chunk(const struct attn_job *j, const struct qblock *qb, int6
     key_rows(j, qb, c0, n, rows);
     simd->dots(scores, ATTN_CHUNK, qb->q, nq, rows, n, hd);
     if (nq == ATTN_GROUP) /* the queries' chains in registers */
-        scale_max(scores, n, sh->scale, m, ATTN_GROUP);
+        softmax_parts(simd, scores, n, sh->scale, m, l, ATTN_GROUP);
     else
-        scale_max(scores, n, sh->scale, m, nq);
-    for (int32_t q = 0; q < nq; q++)
-        simd->exp_shift(scores + q * ATTN_CHUNK, m[q], n);
-    if (nq == ATTN_GROUP)
-        sums(scores, n, l, ATTN_GROUP);
-    else
-        sums(scores, n, l, nq);
+        softmax_parts(simd, scores, n, sh->scale, m, l, nq);
     for (int64_t i = 0; i < n; i++)
         rows[i] += j->kv->block_elems; /* a position's V row follows its K row by one K block */
     memset(o, 0, (size_t)nq * (size_t)hd * sizeof(float));

@@ -22,6 +22,7 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512dq,avx512vl")
 #endif
 
+#include <assert.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <string.h>
@@ -405,7 +406,9 @@ AI void pack_groups(float *panel, const struct pp_mm_args *a, int64_t r, int64_t
 static void pack_avx512(float *panel, const struct pp_mm_args *a, int64_t r, int64_t mc,
                         int64_t k0, int64_t kl, int mr)
 {
-    if (!a->grouped || mr != MR || mc % MR != 0 || r % PP_ROW_GROUP != 0) {
+    /* this family's panels; in row groups they start on a group */
+    assert(mr == MR && (!a->grouped || r % PP_ROW_GROUP == 0));
+    if (!a->grouped || mc % MR != 0) {
         pp__mm_pack_avx2(panel, a, r, mc, k0, kl, mr);
         return;
     }
