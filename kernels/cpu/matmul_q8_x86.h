@@ -61,6 +61,7 @@ struct q8_tile {
     const char *q[6];
     const char *d[6];
     int64_t row0, row_step, ahead;
+    int pf_first; /* the first token tile prefetches the next tile's rows (0: q8z_rows does) */
     double *sc; /* the zmm tiles' scales (Q8_ZMM): Q8Z_ROWS · Q8Z_PAIRS · 8, in the thread's
                  * scratch */
 };
@@ -408,13 +409,13 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
     }
 }
 
-/* The first token tile of its rows prefetches the next tile's rows, into L1 whatever
- * pp_simd_prefetch_l2 says (the pair tiles were measured so, on the Xeon host, and AMD CPUs do
- * not take them: pp_simd_q8_pairs_here). The others do not. */
+/* The first token tile of its rows prefetches the next tile's rows where m->pf_first says so
+ * (spaced rows), into L1 whatever pp_simd_prefetch_l2 says (the pair tiles were measured so, on
+ * the Xeon host, and AMD CPUs do not take them: pp_simd_q8_pairs_here). The others do not. */
 Q8_AI void q8z_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int WB, int TP,
                       int ODD, int64_t t0)
 {
-    if (t0 == 0)
+    if (t0 == 0 && m->pf_first)
         q8z_run(a, m, WB, TP, ODD, t0, 1, 0);
     else
         q8z_run(a, m, WB, TP, ODD, t0, 0, 0);
@@ -436,10 +437,22 @@ static const q8_tile_fn q8z_tiles[2][2][Q8Z_PAIRS + 1] = {{Q8Z_ROW(0, 0), Q8Z_RO
 /* Rows [r, r + Q8Z_ROWS) for every token: pairs in tiles of up to Q8Z_PAIRS, the last tile's
  * last pair an odd last token twice. One tile for the tokens left, not a pair tile and then one
  * for the odd token: pp_bench_matmul, two threads, two rounds, GFLOP/s, 5 tokens 233.4, 220.1 →
- * 268.1, 256.8; 9 tokens 278.1, 276.7 → 309.7, 291.3; 7, 21 and 127 level. */
-static void q8z_rows(const struct pp_mm_args *a, const struct q8_tile *m, int wb)
+ * 268.1, 256.8; 9 tokens 278.1, 276.7 → 309.7, 291.3; 7, 21 and 127 level.
+ *
+ * next (NULL: none), adjacent rows only: the next tile's rows, next_bytes of them, asked for
+ * into L2 an even share before each token tile, where the first token tile alone had asked for
+ * them into L1 in a burst while the other tiles read no memory. pp_bench_matmul, one thread,
+ * old and new run at once on the two CPUs and swapped, four rounds, GFLOP/s: 64 tokens
+ * 157.0-165.9 → 166.6-173.1, 128 tokens 151.0-156.2 → 156.4-167.6 (docs/benchmarks.md). */
+static void q8z_rows(const struct pp_mm_args *a, const struct q8_tile *m, int wb,
+                     const char *next, int64_t next_bytes)
 {
+    int64_t tiles = (a->n + 2 * Q8Z_PAIRS - 1) / (2 * Q8Z_PAIRS);
+    int64_t lines = next ? (next_bytes + 63) / 64 : 0, per = (lines + tiles - 1) / tiles;
+    const char *line = (const char *)((uintptr_t)next & ~(uintptr_t)63);
     for (int64_t t0 = 0; t0 < a->n; t0 += 2 * Q8Z_PAIRS) {
+        for (int64_t i = 0; i < per && lines > 0; i++, lines--, line += 64)
+            _mm_prefetch(line, _MM_HINT_T1);
         int64_t left = a->n - t0, tp = (left + 1) / 2 < Q8Z_PAIRS ? (left + 1) / 2 : Q8Z_PAIRS;
         q8z_tiles[wb][left < 2 * tp][tp](a, m, t0);
     }
@@ -476,6 +489,7 @@ static void q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t firs
     m->row0 = first;
     m->row_step = step;
     m->ahead = (step > 1 ? 1 : R) * a->row_bytes;
+    m->pf_first = 1;
 }
 
 static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
@@ -503,7 +517,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                 (wb ? q8_tile_two_1 : q8_tile_two_0)(a, &m, 0);
 #if Q8_ZMM
             else
-                q8z_rows(a, &m, wb);
+                q8z_rows(a, &m, wb, NULL, 0);
 #endif
         }
         r = r0 + rs * ns;
@@ -513,7 +527,10 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 #if Q8_ZMM
         if (a->xpair && left >= Q8Z_ROWS) {
             q8_place(a, &m, r, 1, Q8Z_ROWS);
-            q8z_rows(a, &m, wb);
+            int64_t nr = left - Q8Z_ROWS < Q8Z_ROWS ? left - Q8Z_ROWS : Q8Z_ROWS;
+            m.pf_first = 0;
+            q8z_rows(a, &m, wb, (const char *)a->w + (r + Q8Z_ROWS) * a->row_bytes,
+                     nr * a->row_bytes);
             r += Q8Z_ROWS;
             continue;
         }
