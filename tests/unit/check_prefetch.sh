@@ -11,7 +11,8 @@
 #   PP_MM_GROUPED_PF_NEAR_L1), so it must hold 24 prefetcht0;
 # - the Q8_0 integer tiles prefetch the next tile's int8 and scales the same two ways
 #   (q8_prefetch in kernels/cpu/matmul_q8_x86.h; q8_tile_one_1, the one-token tile over the
-#   backend's copy, is built by both the AVX2 and the VNNI file).
+#   backend's copy, is built by both the AVX2 and the VNNI file); and the VNNI pair tiles on
+#   adjacent rows, whose next rows q8z_rows asks for into L2 a share before each token tile.
 # This reads the built machine code and fails unless it holds them.
 # Usage: check_prefetch.sh OBJDUMP LIBPP_KERNELS_A
 set -euo pipefail
@@ -49,3 +50,4 @@ check dtile_f16_6x1 prefetcht1 "the few-token prefetch into L2"
 check q8_tile_one_1 prefetcht0 "the Q8_0 one-token prefetch into L1"
 check q8_tile_one_1 prefetcht1 "the Q8_0 one-token prefetch into L2"
 check_count zquad_f16_1 prefetcht0 24 "the near L1 prefetch beside the L2 one"
+check q8z_rows prefetcht1 "the Q8_0 pair tiles' prefetch of the next rows into L2"
