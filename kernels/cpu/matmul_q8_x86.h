@@ -453,8 +453,9 @@ static const q8_tile_fn q8z_tiles[2][2][Q8Z_PAIRS + 1] = {{Q8Z_ROW(0, 0), Q8Z_RO
  * old and new run at once on the two CPUs and swapped, four rounds, GFLOP/s: 64 tokens
  * 157.0-165.9 → 166.6-173.1, 128 tokens 151.0-156.2 → 156.4-167.6 (docs/benchmarks.md). A
  * function of its own, where tests/unit/check_prefetch.sh finds that prefetch. */
-__attribute__((noinline)) static void q8z_rows(const struct pp_mm_args *a, const struct q8_tile *m, int wb,
-                     const char *next, int64_t next_bytes)
+__attribute__((noinline)) static void q8z_rows(const struct pp_mm_args *a,
+                                               const struct q8_tile *m, int wb, const char *next,
+                                               int64_t next_bytes)
 {
     int64_t tiles = (a->n + 2 * Q8Z_PAIRS - 1) / (2 * Q8Z_PAIRS);
     int64_t lines = next ? (next_bytes + 63) / 64 : 0, per = (lines + tiles - 1) / tiles;
