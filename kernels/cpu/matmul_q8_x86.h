@@ -280,12 +280,23 @@ _Static_assert(Q8_ROWS_MANY == 3, "q8_tiles names the 3-row tiles");
  * 277.8, 286.1 → 320.4, 324.2, at 20 303.6, 312.1 → 333.4, 337.5, but at 128 336.7, 349.3 →
  * 329.7, 338.4, where the tiles are bound by arithmetic, not by the weights' streams. */
 #define Q8Z_SPACED_MAX_TOKENS 20
-_Static_assert(Q8Z_ROWS * Q8Z_PAIRS * 16 <= PP_MM_ACC_CAP, "the scales fit the acc scratch");
+/* Blocks whose scales a tile computes at once (q8z_scales8, eight at a time), before it runs
+ * them. The computation needs registers that the eighteen accumulators hold, and GCC stores and
+ * reloads those around it: once per 8 blocks, that cost more than the scales themselves (a
+ * probe with the tile's operands in L1: 218-237 GFLOP/s without the scales, 169-193 with them
+ * every 8 blocks). Once per 32: pp_bench_loops, old and new at once on the two CPUs and swapped,
+ * two rounds, GB/s, 24 tokens 3.79-4.13 → 4.33-4.43, 128 tokens 0.74-0.79 → 0.80-0.86 (64 was
+ * no better); pp_bench prefill, three rounds alternated, 161.3-177.0 → 174.5-190.2 tok/s
+ * (docs/benchmarks.md). */
+#define Q8Z_SPAN 32
+_Static_assert(Q8Z_SPAN % 8 == 0, "a span is whole groups of eight blocks");
+_Static_assert(Q8Z_ROWS * Q8Z_PAIRS * Q8Z_SPAN * 2 <= PP_MM_ACC_CAP,
+               "the scales fit the acc scratch");
 
-/* sc[r][p][j] = the two floats d_w · d_x of row r, tokens 2p and 2p + 1 and block b8 + j for
- * j < n (n ≤ 8), the rest 0: a double each, so that one vbroadcastsd from memory gives a block
- * its scale vector. */
-Q8_AI void q8z_scales8(double sc[Q8Z_ROWS][Q8Z_PAIRS][8], const struct q8_tile *m,
+/* sc[r][p][j0 + j] = the two floats d_w · d_x of row r, tokens 2p and 2p + 1 and block b8 + j
+ * for j < n (n ≤ 8), the rest 0: a double each, so that one vbroadcastsd from memory gives a
+ * block its scale vector. */
+Q8_AI void q8z_scales8(double sc[Q8Z_ROWS][Q8Z_PAIRS][Q8Z_SPAN], int j0, const struct q8_tile *m,
                        const float *const *xd, int WB, int TP, int64_t b8, int n)
 {
     const __m512i ilv = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
@@ -299,7 +310,7 @@ Q8_AI void q8z_scales8(double sc[Q8Z_ROWS][Q8Z_PAIRS][8], const struct q8_tile *
         __m512 dw = _mm512_permutexvar_ps(
             dup, _mm512_castps256_ps512(q8_row_scales8(m, r, WB, b8, n)));
         _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
-            _mm512_storeu_ps((float *)sc[r][p], _mm512_mul_ps(dw, dx[p]));
+            _mm512_storeu_ps((float *)&sc[r][p][j0], _mm512_mul_ps(dw, dx[p]));
     }
 }
 
@@ -318,8 +329,8 @@ Q8_AI __m512 q8z_float(__m512i sum)
  * the copy, one per block of the file's), into L2 if L2. */
 Q8_AI void q8z_block(__m512 acc[Q8Z_ROWS][Q8Z_PAIRS], const struct q8_tile *m,
                      const int32_t *const *xpr, const int32_t *const *xng,
-                     const double sc[Q8Z_ROWS][Q8Z_PAIRS][8], int64_t b8, int j, int WB, int TP,
-                     int PF, int L2)
+                     const double sc[Q8Z_ROWS][Q8Z_PAIRS][Q8Z_SPAN], int64_t b8, int j, int WB,
+                     int TP, int PF, int L2)
 {
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     const __m512i bias = _mm512_set1_epi8((char)0x80);
@@ -361,7 +372,7 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
                    int64_t t0, int PF, int L2)
 {
     __m512 acc[Q8Z_ROWS][Q8Z_PAIRS];
-    double(*sc)[Q8Z_PAIRS][8] = (double(*)[Q8Z_PAIRS][8])m->sc;
+    double(*sc)[Q8Z_PAIRS][Q8Z_SPAN] = (double(*)[Q8Z_PAIRS][Q8Z_SPAN])m->sc;
     const int32_t *xpr[Q8Z_PAIRS], *xng[Q8Z_PAIRS];
     const float *xd[2 * Q8Z_PAIRS];
     int64_t blocks = a->cols / PP_Q8_0_BLOCK;
@@ -377,22 +388,24 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
     }
     _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
         _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++) acc[r][p] = _mm512_setzero_ps();
-    for (int64_t b8 = 0; b8 < blocks; b8 += 8) {
-        int n = blocks - b8 < 8 ? (int)(blocks - b8) : 8;
-        if (PF && WB) { /* the rows' scales of the next tile, beside its int8 */
-            _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
-                q8_prefetch(m->d[r] + 2 * b8 + m->ahead, L2);
+    for (int64_t b0 = 0; b0 < blocks; b0 += Q8Z_SPAN) {
+        int n = blocks - b0 < Q8Z_SPAN ? (int)(blocks - b0) : Q8Z_SPAN;
+        for (int g = 0; g < n; g += 8) {
+            if (PF && WB) { /* the rows' scales of the next tile, beside its int8 */
+                _Pragma("GCC unroll 6") for (int r = 0; r < Q8Z_ROWS; r++)
+                    q8_prefetch(m->d[r] + 2 * (b0 + g) + m->ahead, L2);
+            }
+            q8z_scales8(sc, g, m, xd, WB, TP, b0 + g, n - g < 8 ? n - g : 8);
         }
-        q8z_scales8(sc, m, xd, WB, TP, b8, n);
         /* read them back from memory: forwarded from the products' registers, they had taken
          * an extract and a broadcast each, and spilled */
         __asm__ volatile("" ::: "memory");
-        if (n == 8) {
-            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
-                q8z_block(acc, m, xpr, xng, sc, b8, j, WB, TP, PF, L2);
+        if (n == Q8Z_SPAN) {
+            _Pragma("GCC unroll 8") for (int j = 0; j < Q8Z_SPAN; j++)
+                q8z_block(acc, m, xpr, xng, sc, b0, j, WB, TP, PF, L2);
         } else {
             for (int j = 0; j < n; j++)
-                q8z_block(acc, m, xpr, xng, sc, b8, j, WB, TP, PF, L2);
+                q8z_block(acc, m, xpr, xng, sc, b0, j, WB, TP, PF, L2);
         }
     }
     /* pp__merge8 of both tokens' lanes at once, each in its order: a 128-bit chunk c holds lanes
