@@ -61,9 +61,8 @@ struct q8_tile {
     const char *q[6];
     const char *d[6];
     int64_t row0, row_step, ahead;
-    int pf_first; /* the first token tile prefetches the next tile's rows (0: q8z_rows does) */
-    double *sc; /* the zmm tiles' scales (Q8_ZMM): Q8Z_ROWS · Q8Z_PAIRS · 8, in the thread's
-                 * scratch */
+    double *sc; /* the zmm tiles' scales (Q8_ZMM): Q8Z_ROWS · Q8Z_PAIRS · Q8Z_SPAN, in the
+                 * thread's scratch */
 };
 
 Q8_AI void q8_prefetch(const char *p, int l2)
@@ -325,17 +324,17 @@ Q8_AI __m512 q8z_float(__m512i sum)
     return _mm512_sub_ps(_mm512_castsi512_ps(sum), _mm512_set1_ps(12582912.0f));
 }
 
-/* Block b8 + j of the tile into acc; PF: prefetch the next tile's rows (a line per two blocks of
+/* Block b0 + j of the tile into acc; PF: prefetch the next tile's rows (a line per two blocks of
  * the copy, one per block of the file's), into L2 if L2. */
 Q8_AI void q8z_block(__m512 acc[Q8Z_ROWS][Q8Z_PAIRS], const struct q8_tile *m,
                      const int32_t *const *xpr, const int32_t *const *xng,
-                     const double sc[Q8Z_ROWS][Q8Z_PAIRS][Q8Z_SPAN], int64_t b8, int j, int WB,
+                     const double sc[Q8Z_ROWS][Q8Z_PAIRS][Q8Z_SPAN], int64_t b0, int j, int WB,
                      int TP, int PF, int L2)
 {
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     const int64_t qs = WB ? PP_Q8_0_BLOCK : PP_Q8_0_BYTES;
-    int64_t b = b8 + j;
+    int64_t b = b0 + j;
     __m512i xp[Q8Z_PAIRS], ncx[Q8Z_PAIRS];
     _Pragma("GCC unroll 3") for (int p = 0; p < TP; p++)
     {
@@ -430,13 +429,14 @@ Q8_AI void q8z_run(const struct pp_mm_args *a, const struct q8_tile *m, int WB, 
     }
 }
 
-/* The first token tile of its rows prefetches the next tile's rows where m->pf_first says so
- * (spaced rows), into L1 whatever pp_simd_prefetch_l2 says (the pair tiles were measured so, on
- * the Xeon host, and AMD CPUs do not take them: pp_simd_q8_pairs_here). The others do not. */
+/* The first token tile of spaced rows (m->row_step > 1; on adjacent rows q8z_rows asks for the
+ * next rows itself) prefetches the next tile's rows, into L1 whatever pp_simd_prefetch_l2 says
+ * (the pair tiles were measured so, on the Xeon host, and AMD CPUs do not take them:
+ * pp_simd_q8_pairs_here). The others do not. */
 Q8_AI void q8z_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int WB, int TP,
                       int ODD, int64_t t0)
 {
-    if (t0 == 0 && m->pf_first)
+    if (t0 == 0 && m->row_step > 1)
         q8z_run(a, m, WB, TP, ODD, t0, 1, 0);
     else
         q8z_run(a, m, WB, TP, ODD, t0, 0, 0);
@@ -512,7 +512,6 @@ static void q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t firs
     m->row0 = first;
     m->row_step = step;
     m->ahead = (step > 1 ? 1 : R) * a->row_bytes;
-    m->pf_first = 1;
 }
 
 static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
@@ -551,7 +550,6 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         if (a->xpair && left >= Q8Z_ROWS) {
             q8_place(a, &m, r, 1, Q8Z_ROWS);
             int64_t nr = left - Q8Z_ROWS < Q8Z_ROWS ? left - Q8Z_ROWS : Q8Z_ROWS;
-            m.pf_first = 0;
             q8z_rows(a, &m, wb, (const char *)a->w + (r + Q8Z_ROWS) * a->row_bytes,
                      nr * a->row_bytes);
             r += Q8Z_ROWS;
