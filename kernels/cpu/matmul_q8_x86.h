@@ -276,9 +276,12 @@ _Static_assert(Q8_ROWS_MANY == 3, "q8_tiles names the 3-row tiles");
  * (Q8_SPACED): tile q takes rows q, q + nz, ..., q + 5 nz. pp_bench_matmul, two threads, two
  * rounds alternating spaced and adjacent rows, of the read bandwidth: 4 tokens 79.8, 80.4% →
  * 95.6, 90.1%; 6: 73.3, 70.6 → 91.0, 83.3%; 8: 58.5, 56.6 → 67.2, 63.5%; GFLOP/s at 12 tokens
- * 277.8, 286.1 → 320.4, 324.2, at 20 303.6, 312.1 → 333.4, 337.5, but at 128 336.7, 349.3 →
- * 329.7, 338.4, where the tiles are bound by arithmetic, not by the weights' streams. */
-#define Q8Z_SPACED_MAX_TOKENS 20
+ * 277.8, 286.1 → 320.4, 324.2, at 20 303.6, 312.1 → 333.4, 337.5. Beyond 20 tokens the adjacent
+ * rows with q8z_rows' spread prefetch were then a dip: one thread, old and new at once on the two
+ * CPUs and swapped, two rounds, GFLOP/s with spaced tiles up to 40 tokens, 21 tokens 140.2-141.6
+ * → 166.1-168.5, 28 154.1-163.1 → 177.1-183.2, 36 162.7-172.0 → 177.1-183.3, 40 168.0-181.8 →
+ * 174.0-186.1; spaced at every count, 48 was level and 64-128 lost 3-6% (docs/benchmarks.md). */
+#define Q8Z_SPACED_MAX_TOKENS 40
 /* Blocks whose scales a tile computes at once (q8z_scales8, eight at a time), before it runs
  * them. The computation needs registers that the eighteen accumulators hold, and GCC stores and
  * reloads those around it: once per 8 blocks, that cost more than the scales themselves (a
