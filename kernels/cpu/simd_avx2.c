@@ -85,8 +85,8 @@ DTILE_TWO(bf16, PP_DTYPE_BF16)
      {NULL, NULL, NULL, NULL, NULL}, six(name)}
 
 /* [dtype][MR][NT]; Q8_0 runs in integers (kernels/cpu/matmul_q8.h) */
-static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32, TWO_ROW), DTILE_TABLE(f16, TWO_ROW),
-                                         DTILE_TABLE(bf16, TWO_ROW)};
+static const dtile_fn dtiles[4][7][DTILE_NT_MAX + 1] = {
+    DTILE_TABLE(f32, TWO_ROW), DTILE_TABLE(f16, TWO_ROW), DTILE_TABLE(bf16, TWO_ROW)};
 
 void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s)

@@ -189,14 +189,15 @@ AI void split8(float *lo, float *hi, __m512 v)
 
 /* A zmm tile's start: its tokens' activations, and the lane sums of its NP row pairs from zero
  * (the first block) or from scratch. */
-AI void ztile_start(const struct dtile *m, const float **xp, __m512 (*acc)[4], int NT, int NP)
+AI void ztile_start(const struct dtile *m, const float **xp, __m512 (*acc)[DTILE_NT_MAX], int NT,
+                    int NP)
 {
-    _Pragma("GCC unroll 4")
+    _Pragma("GCC unroll 8")
     for (int j = 0; j < NT; j++)
         xp[j] = m->x + j * m->ldx;
     _Pragma("GCC unroll 6")
     for (int q = 0; q < NP; q++)
-        _Pragma("GCC unroll 4")
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < NT; j++)
             acc[q][j] = m->first ? _mm512_setzero_ps()
                                  : join8(m->acc + dtile_row(m, 2 * q) * m->lda + j * 8,
@@ -204,11 +205,11 @@ AI void ztile_start(const struct dtile *m, const float **xp, __m512 (*acc)[4], i
 }
 
 /* A zmm tile's end: merged into y (the last block) or its lane sums back to scratch. */
-AI void ztile_finish(const struct dtile *m, __m512 (*acc)[4], int NT, int NP)
+AI void ztile_finish(const struct dtile *m, __m512 (*acc)[DTILE_NT_MAX], int NT, int NP)
 {
     _Pragma("GCC unroll 6")
     for (int q = 0; q < NP; q++)
-        _Pragma("GCC unroll 4")
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < NT; j++) {
             if (m->last) {
                 __m128 v = merge8x2(acc[q][j]);
@@ -221,7 +222,7 @@ AI void ztile_finish(const struct dtile *m, __m512 (*acc)[4], int NT, int NP)
 }
 
 /* One 8-element step of ztile_run at wk (the first group's units of the step). */
-AI void ztile_step(__m512 (*acc)[4], const char *wk, int64_t go, int64_t ub,
+AI void ztile_step(__m512 (*acc)[DTILE_NT_MAX], const char *wk, int64_t go, int64_t ub,
                    const float *const *xp, int64_t k, enum pp_dtype dt, int NT, int NP)
 {
     __m512 w[6];
@@ -232,7 +233,7 @@ AI void ztile_step(__m512 (*acc)[4], const char *wk, int64_t go, int64_t ub,
         w[3 * h + 1] = ld_pair(a + 2 * ub, b, dt);
         w[3 * h + 2] = ld_pair_run(b + ub, dt);
     }
-    _Pragma("GCC unroll 4")
+    _Pragma("GCC unroll 8")
     for (int j = 0; j < NT; j++) {
         __m512 xv = dup8(xp[j] + k);
         _Pragma("GCC unroll 6")
@@ -253,8 +254,8 @@ AI void ztile_step(__m512 (*acc)[4], const char *wk, int64_t go, int64_t ub,
  * (kernels/cpu/simd_x86_direct.h). */
 AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT, int NP)
 {
-    const float *xp[4];
-    __m512 acc[6][4];
+    const float *xp[DTILE_NT_MAX];
+    __m512 acc[6][DTILE_NT_MAX];
     int64_t us = m->g.unit_stride, ub = m->g.row_off, go = m->grp_off;
     ztile_start(m, xp, acc, NT, NP);
     int64_t k = m->k0, kend = m->k0 + m->full;
@@ -279,7 +280,7 @@ AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT, int NP)
         for (int q = 0; q < NP; q++)
             w[q] = _mm512_insertf32x8(_mm512_castps256_ps512(t[2 * q]), t[2 * q + 1], 1);
         __m256i mk = pp__tail_mask_avx(m->rem);
-        _Pragma("GCC unroll 4")
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < NT; j++) {
             __m512 xv = _mm512_broadcast_f32x8(_mm256_maskload_ps(xp[j] + kend, mk));
             _Pragma("GCC unroll 6")
@@ -295,9 +296,10 @@ AI void ztile_run(const struct dtile *m, enum pp_dtype dt, int NT, int NP)
     {                                                                                              \
         ztile_run(m, dt, nt, 3);                                                                   \
     }
-/* tiles of up to 4 tokens, as even as possible */
+/* tiles of up to 8 tokens (24 accumulators), as even as possible */
 #define ZTILE_DT(name, dt)                                                                         \
-    ZTILE(name, dt, 1) ZTILE(name, dt, 2) ZTILE(name, dt, 3) ZTILE(name, dt, 4)
+    ZTILE(name, dt, 1) ZTILE(name, dt, 2) ZTILE(name, dt, 3) ZTILE(name, dt, 4)                    \
+    ZTILE(name, dt, 5) ZTILE(name, dt, 6) ZTILE(name, dt, 7) ZTILE(name, dt, 8)
 /* the four-group tiles (12 rows) of f32, f16 and bf16 */
 #define ZQUAD(name, dt, nt)                                                                        \
     __attribute__((noinline)) static void zquad_##name##_##nt(const struct dtile *m)              \
@@ -316,8 +318,14 @@ static const dtile_fn zquads[4][5] = {ZQUAD_ROW(f32), ZQUAD_ROW(f16), ZQUAD_ROW(
                                       {NULL, NULL, NULL, NULL, NULL}};
 
 /* Few-token tiles over weights in row groups: two whole groups (6 rows, two streams of weights) as
- * zmm pairs (ztile_run) for 1 to 20 tokens in tiles of up to 4; the 1-3 row ymm tiles of the
- * shared nest take the rows left over. One thread from memory (pp_bench_matmul --dtypes
+ * zmm pairs (ztile_run) for 1 to 20 tokens in tiles of up to 8 (24 accumulators: a weight
+ * vector's load and conversion serve twice as many FMAs as in tiles of up to 4, and 5-8 tokens
+ * read the weights in one pass; pp_bench_loops, one thread, old and new at once on the two CPUs
+ * and swapped, two rounds, f16 GB/s at 5 tokens 17.8-17.9 → 22.2-22.5, 8: 14.0-14.1 → 15.6-15.7,
+ * 20: 6.0-6.2 → 6.8-7.1; pp_bench_matmul, two threads, f16 GFLOP/s at 8 tokens 145.0-148.7 →
+ * 174.8-181.1; pp_bench, decode of 8 sequences together 69.5-71.2 → 87.2-88.3 tok/s:
+ * docs/benchmarks.md); the 1-3 row ymm tiles of the shared nest take the rows left over. With
+ * tiles of up to 4 tokens, one thread from memory (pp_bench_matmul --dtypes
  * f16,bf16,f32 --tokens 1,2,3,4,6,8,12,20, PP_SIMD=avx2 and avx512 in alternation, two rounds),
  * GB/s with the AVX2 tiles (3 rows, one stream) against these, f16: 2 tokens 12.3-13.5 →
  * 15.6-15.9, 4: 12.2-12.3 → 15.7-15.8, 8: 7.2 → 9.9, 20: 3.5 → 4.8; bf16 at 4: 12.1-12.3 → 15.3;
@@ -339,9 +347,11 @@ DTILE_DT(bf16, PP_DTYPE_BF16)
 #define DTILE_TABLE(name)                                                                          \
     {{NULL, NULL, NULL, NULL, NULL}, DTILE_ROW(name, 1), DTILE_ROW(name, 2), DTILE_ROW(name, 3),  \
      {NULL, NULL, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL},                               \
-     {NULL, ztile_##name##_1, ztile_##name##_2, ztile_##name##_3, ztile_##name##_4}}
+     {NULL, ztile_##name##_1, ztile_##name##_2, ztile_##name##_3, ztile_##name##_4,              \
+      ztile_##name##_5, ztile_##name##_6, ztile_##name##_7, ztile_##name##_8}}
 /* [dtype][MR][NT]; Q8_0 runs in integers (kernels/cpu/matmul_q8.h) */
-static const dtile_fn dtiles[4][7][5] = {DTILE_TABLE(f32), DTILE_TABLE(f16), DTILE_TABLE(bf16)};
+static const dtile_fn dtiles[4][7][DTILE_NT_MAX + 1] = {DTILE_TABLE(f32), DTILE_TABLE(f16),
+                                                        DTILE_TABLE(bf16)};
 
 static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                const struct pp_mm_scratch *s)

@@ -381,8 +381,12 @@ AI void dtile_run_alt(const struct dtile *m, enum pp_dtype dt, int NT)
 
 typedef void (*dtile_fn)(const struct dtile *m);
 
+/* The most tokens a tile of a table takes (NT; a table's rows have DTILE_NT_MAX + 1 entries). */
+#define DTILE_NT_MAX 8
+
 /* One function per dtype × MR × NT; a file defines those its registers hold (MR·NT accumulators,
- * MR weights and one activation) and puts them in a table [dtype][MR][NT] of dtile_fn. */
+ * MR weights and one activation) and puts them in a table [dtype][MR][DTILE_NT_MAX + 1] of
+ * dtile_fn, NULL where it has none. */
 #define DTILE(name, dt, mr, nt)                                                                    \
     __attribute__((noinline)) static void dtile_##name##_##mr##x##nt(const struct dtile *m)       \
     {                                                                                              \
@@ -475,11 +479,12 @@ AI int64_t dtile_spaced_quads(struct dtile *m, const struct pp_mm_args *a,
  * whatever n, and the activations come from cache. Row-major rows go in groups of 4 with token
  * tiles of up to 3, or of 3 with tiles of up to 4, whichever needs fewer loads per FMA for this n
  * (counted for n <= 12). Weights in row groups go in their groups of 3, or two groups at a time (6
- * rows × tiles of up to 4 tokens; two streams of weights) when n <= two_groups and the table has
- * 6-row tiles for the dtype, or four at a time (12 rows, four streams; quads[dtype][NT]) when
+ * rows × tiles of up to 4 tokens, or of up to DTILE_NT_MAX where the table has them; two streams
+ * of weights) when n <= two_groups and the table has 6-row tiles for the dtype, or four at a time (12 rows, four streams; quads[dtype][NT]) when
  * also n <= four_groups and quads has them. */
 AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
-                      const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][5], int two_groups,
+                      const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][DTILE_NT_MAX + 1],
+                      int two_groups,
                       const dtile_fn (*quads)[5], int four_groups)
 {
     const dtile_fn *tab = &tiles[dtype_index(a->dtype)][0][0];
@@ -488,12 +493,17 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     if (n <= 0)
         return;
     int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
-    if (a->grouped && n <= two_groups && tab[2 * PP_ROW_GROUP * 5 + (n < 4 ? n : 4)])
+    const int row = DTILE_NT_MAX + 1; /* a table row: MR's tiles of 0..DTILE_NT_MAX tokens */
+    if (a->grouped && n <= two_groups && tab[2 * PP_ROW_GROUP * row + (n < 4 ? n : 4)])
         mr = 2 * PP_ROW_GROUP;
     if (mr == 2 * PP_ROW_GROUP && quad && n <= four_groups && quad[n < 4 ? n : 4])
         mr = 4 * PP_ROW_GROUP;
+    /* token tiles of up to 4 tokens (3 on 4 row-major rows), and of up to DTILE_NT_MAX on two
+     * row groups where the table has them (zmm) */
     int ntmax = mr == 4 ? 3 : 4;
-    int64_t n_tiles = (n + ntmax - 1) / ntmax;
+    int64_t n_tiles = (n + ntmax - 1) / ntmax, n_tiles_two = n_tiles;
+    if (tab[2 * PP_ROW_GROUP * row + DTILE_NT_MAX])
+        n_tiles_two = (n + DTILE_NT_MAX - 1) / DTILE_NT_MAX;
     int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
     if (kb < PP_MM_DIRECT_KB_ALIGN)
         kb = PP_MM_DIRECT_KB_ALIGN;
@@ -546,8 +556,8 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     pf = dtile_grouped_pf(a);
                     dtile_wrap(&m, a, r + rows, rs, rs1, k0, kl);
                 }
-                dtile_tokens(&m, a, s, rows == 4 * PP_ROW_GROUP ? quad : tab + rows * 5, r, rs,
-                             n_tiles, pf);
+                dtile_tokens(&m, a, s, rows == 4 * PP_ROW_GROUP ? quad : tab + rows * row, r, rs,
+                             rows == 2 * PP_ROW_GROUP ? n_tiles_two : n_tiles, pf);
             }
         }
     }
