@@ -5,7 +5,7 @@
  * instruction. The many-token micro-kernel is 6 rows × 8 tokens (24 zmm accumulators) over the
  * packed f32 panels of the AVX2 nest. The few-token nest is the AVX2 one
  * (kernels/cpu/simd_x86_direct.h) built here, with a 6-row tile of zmm row pairs that reads two row
- * groups at once for 1-20 tokens, and the same tile over four groups (12 rows) for 1-4 tokens of
+ * groups at once for 1-32 tokens, and the same tile over four groups (12 rows) for 1-4 tokens of
  * f32, f16 and bf16; the other loops (and weights not in row groups) are the AVX2 ones, but for
  * the many-token nest's packer (pack_avx512) and attention's dots and wsum, which take a KV head's
  * queries four at a time in zmm. Q8_0 runs in integers, with VNNI where the CPU has it
@@ -318,7 +318,7 @@ static const dtile_fn zquads[4][5] = {ZQUAD_ROW(f32), ZQUAD_ROW(f16), ZQUAD_ROW(
                                       {NULL, NULL, NULL, NULL, NULL}};
 
 /* Few-token tiles over weights in row groups: two whole groups (6 rows, two streams of weights) as
- * zmm pairs (ztile_run) for 1 to 20 tokens in tiles of up to 8 (24 accumulators: a weight
+ * zmm pairs (ztile_run) for 1 to 32 tokens in tiles of up to 8 (24 accumulators: a weight
  * vector's load and conversion serve twice as many FMAs as in tiles of up to 4, and 5-8 tokens
  * read the weights in one pass; pp_bench_loops, one thread, old and new at once on the two CPUs
  * and swapped, two rounds, f16 GB/s at 5 tokens 17.8-17.9 → 22.2-22.5, 8: 14.0-14.1 → 15.6-15.7,
