@@ -47,11 +47,12 @@
  * packed panels. Below it, converting the weights in registers once per token tile beats packing
  * them (pp_bench_matmul, 1 thread, f16 and Q8_0: the direct nest 1.2-1.6x faster at 13-20 tokens,
  * even at 24, mixed at 32). Since the AVX-512 tiles take up to 8 tokens (kernels/cpu/simd_avx512.c)
- * the direct nest leads up to 32: pp_bench_loops, one thread, 20 against 32 at once on the two CPUs
- * and swapped, GB/s, f16 21 tokens 5.68-5.72 → 6.67-6.69, 28 4.46-4.48 → 5.02, 32 4.05-4.10 →
- * 4.41-4.54, level at 40, 48-64 3-6% behind (f32 level at 48); with PP_SIMD=avx2, f16 21 tokens
- * 3.78-3.84 → 4.10-4.15, 32 level; pp_bench_matmul, two threads, f16 GFLOP/s at 21 tokens
- * 180.8-182.7 → 211.3-211.6, at 32 223.0-223.6 → 230.2-230.4 (docs/benchmarks.md). */
+ * the direct nest leads up to 32: pp_bench_loops, one thread, the packed nest against the direct
+ * one at once on the two CPUs and swapped, GB/s, f16 21 tokens 5.68-5.72 → 6.67-6.69, 28
+ * 4.46-4.48 → 5.02, 32 4.05-4.18 → 4.29-4.54, 40 level, 48 2% and 64 6% behind (f32 40 tokens 5-8%
+ * ahead, 48-64 level); with PP_SIMD=avx2, f16 21 tokens 3.78-3.84 → 4.10-4.15, 32 level;
+ * pp_bench_matmul, two threads, f16 GFLOP/s at 21 tokens 180.8-182.7 → 211.3-211.6, at 32
+ * 223.0-223.6 → 230.2-230.4 (docs/benchmarks.md). */
 #ifndef PP_MM_DIRECT_MAX_TOKENS
 #define PP_MM_DIRECT_MAX_TOKENS 32
 #endif
