@@ -13,7 +13,7 @@
  *
  * A ymm register holds one output element's eight lanes, as in the f32 kernels. Each row is one
  * stream: the file's 34-byte blocks, or in the backend's copy (kernels/cpu/row_groups.h) the
- * row's scales, then its int8 in 32-byte steps. One or two tokens take Q8_STREAMS_ONE rows
+ * row's scales, then its int8 in 32-byte steps. One to three tokens take Q8_STREAMS_ONE rows
  * together (four streams), more tokens Q8_ROWS_MANY rows × Q8_TOKENS tokens, the rows' weights
  * read again from L1 for each token tile. */
 #ifndef PP_CPU_MATMUL_Q8_X86_H
@@ -240,6 +240,7 @@ Q8_AI void q8_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int R,
     Q8_TILE(3, wb, 1) Q8_TILE(3, wb, 2) Q8_TILE(3, wb, 3) Q8_TILE(3, wb, 4)                        \
     Q8_TILE_FN(q8_tile_one_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 1, t0))                       \
     Q8_TILE_FN(q8_tile_two_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 2, t0))                       \
+    Q8_TILE_FN(q8_tile_three_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 3, t0))                     \
     Q8_TILE_FN(q8_tile_one_hw_##wb, q8_run(a, m, Q8_STREAMS_ONE, wb, 1, t0, 0, 0))
 Q8_TILES(0)
 Q8_TILES(1)
@@ -525,13 +526,20 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     struct q8_tile m;
     m.sc = (double *)scratch->acc; /* the zmm tiles' scales */
     /* spaced: whole tiles first, tile q taking rows q, q + ns, q + 2 ns, ... of the chunk's
-     * rs · ns, so each stream runs on into the next tile's row: one or two tokens' (Q8_SPACED),
-     * and the pair tiles of a few tokens (Q8Z_SPACED_MAX_TOKENS) */
-    int rs = a->n <= 2 && Q8_SPACED ? Q8_STREAMS_ONE : 0;
+     * rs · ns, so each stream runs on into the next tile's row: one to three tokens'
+     * (Q8_SPACED), the pair tiles of a few tokens (Q8Z_SPACED_MAX_TOKENS), and without pairs
+     * (AVX2, AMD CPUs) the 3-row tiles of any number of tokens. pp_bench_matmul, two threads, two
+     * rounds alternating adjacent and spaced, GFLOP/s: 3 tokens (3 rows × 3 adjacent → 4 rows
+     * spaced) 142.1, 143.4 → 176.1, 183.0; with PP_SIMD=avx2 107.2, 111.2 → 138.7, 139.9; the VNNI
+     * tiles without pairs, 4 tokens 170.3, 171.9 → 198.4, 202.4, 8: 206.0, 206.4 → 223.4, 228.5,
+     * 32: 222.4, 226.3 → 234.5, 241.8, 128: 228.0, 235.0 → 233.6, 233.8 (docs/benchmarks.md). */
+    int rs = a->n <= 3 && Q8_SPACED ? Q8_STREAMS_ONE : 0;
 #if Q8_ZMM
     if (a->xpair && a->n <= Q8Z_SPACED_MAX_TOKENS)
         rs = Q8Z_ROWS;
 #endif
+    if (!rs && !a->xpair && Q8_SPACED)
+        rs = Q8_ROWS_MANY;
     int64_t ns = rs ? (r1 - r0) / rs : 0;
     if (ns >= 2) {
         for (int64_t q = 0; q < ns; q++) {
@@ -540,6 +548,13 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                 (wb ? q8_tile_one_hw_1 : q8_tile_one_hw_0)(a, &m, 0);
             else if (a->n == 2)
                 (wb ? q8_tile_two_1 : q8_tile_two_0)(a, &m, 0);
+            else if (a->n == 3)
+                (wb ? q8_tile_three_1 : q8_tile_three_0)(a, &m, 0);
+            else if (!a->xpair)
+                for (int64_t t0 = 0; t0 < a->n; t0 += Q8_TOKENS) {
+                    int64_t nt = a->n - t0 < Q8_TOKENS ? a->n - t0 : Q8_TOKENS;
+                    q8_tiles[wb][1][nt](a, &m, t0);
+                }
 #if Q8_ZMM
             else
                 q8z_rows(a, &m, wb, NULL, 0);
