@@ -505,6 +505,15 @@ static void q8z_pairs(int32_t *xpair, int32_t *xneg, const int8_t *q0, const int
 }
 #endif
 
+/* The tiles of R rows (1 or Q8_ROWS_MANY) at m over every token, Q8_TOKENS at a time. */
+static void q8_token_tiles(const struct pp_mm_args *a, const struct q8_tile *m, int wb, int R)
+{
+    for (int64_t t0 = 0; t0 < a->n; t0 += Q8_TOKENS) {
+        int64_t nt = a->n - t0 < Q8_TOKENS ? a->n - t0 : Q8_TOKENS;
+        q8_tiles[wb][R == Q8_ROWS_MANY][nt](a, m, t0);
+    }
+}
+
 /* m over R rows of a: first, first + step, ...; a prefetch reads the same bytes of the row after
  * each (step > 1: every row its own stream) or R rows on. */
 static void q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t first, int64_t step,
@@ -551,10 +560,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             else if (a->n == 3)
                 (wb ? q8_tile_three_1 : q8_tile_three_0)(a, &m, 0);
             else if (!a->xpair)
-                for (int64_t t0 = 0; t0 < a->n; t0 += Q8_TOKENS) {
-                    int64_t nt = a->n - t0 < Q8_TOKENS ? a->n - t0 : Q8_TOKENS;
-                    q8_tiles[wb][1][nt](a, &m, t0);
-                }
+                q8_token_tiles(a, &m, wb, Q8_ROWS_MANY);
 #if Q8_ZMM
             else
                 q8z_rows(a, &m, wb, NULL, 0);
@@ -582,10 +588,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         else if (R == Q8_STREAMS_ONE && a->n == 2)
             (wb ? q8_tile_two_1 : q8_tile_two_0)(a, &m, 0);
         else
-            for (int64_t t0 = 0; t0 < a->n; t0 += Q8_TOKENS) {
-                int64_t nt = a->n - t0 < Q8_TOKENS ? a->n - t0 : Q8_TOKENS;
-                q8_tiles[wb][R == Q8_ROWS_MANY][nt](a, &m, t0);
-            }
+            q8_token_tiles(a, &m, wb, R);
         r += R;
     }
 }

@@ -480,12 +480,11 @@ AI int64_t dtile_spaced_quads(struct dtile *m, const struct pp_mm_args *a,
  * tiles of up to 3, or of 3 with tiles of up to 4, whichever needs fewer loads per FMA for this n
  * (counted for n <= 12). Weights in row groups go in their groups of 3, or two groups at a time (6
  * rows × tiles of up to 4 tokens, or of up to DTILE_NT_MAX where the table has them; two streams
- * of weights) when n <= two_groups and the table has 6-row tiles for the dtype, or four at a time (12 rows, four streams; quads[dtype][NT]) when
- * also n <= four_groups and quads has them. */
+ * of weights) when n <= two_groups and the table has 6-row tiles for the dtype, or four at a time
+ * (12 rows, four streams; quads[dtype][NT]) when also n <= four_groups and quads has them. */
 AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                       const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][DTILE_NT_MAX + 1],
-                      int two_groups,
-                      const dtile_fn (*quads)[5], int four_groups)
+                      int two_groups, const dtile_fn (*quads)[5], int four_groups)
 {
     const dtile_fn *tab = &tiles[dtype_index(a->dtype)][0][0];
     const dtile_fn *quad = quads ? quads[dtype_index(a->dtype)] : NULL;
