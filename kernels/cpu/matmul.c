@@ -131,7 +131,9 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
     }
     int64_t space = j.start[count - 1] + w[count - 1]->rows;
     int q8 = w[0]->dtype == PP_DTYPE_Q8_0;
-    int pad = !q8 && n > PP_MM_DIRECT_MAX_TOKENS && cols % 256 == 0;
+    /* the layout of the first weight decides for all (the nests take either x and either grain) */
+    int64_t direct_max = pp_mm_direct_max_tokens(c->simd, w[0]->layout == PP_WEIGHT_ROW_GROUPS);
+    int pad = !q8 && n > direct_max && cols % 256 == 0;
     int64_t slice = pad || q8 ? PP_MM_X_PADDED_TOKENS : n;
     struct pp_mm_args *a0 = &j.args[0];
     if (pad) {
@@ -172,7 +174,7 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
             }
             a->y = y[i] + t0 * a->rows;
         }
-        if (nt > PP_MM_DIRECT_MAX_TOKENS)
+        if (nt > direct_max)
             pp_threadpool_run_dynamic(c->pool, matmul_rows, &j, space, ROW_GRAIN_PACKED,
                                       ROW_GRAIN_PACKED);
         else

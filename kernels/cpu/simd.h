@@ -56,6 +56,19 @@
 #ifndef PP_MM_DIRECT_MAX_TOKENS
 #define PP_MM_DIRECT_MAX_TOKENS 32
 #endif
+/* The same for row-major weights (mapped from the file, cpu_weights = "map"; a table's
+ * direct_max_rows). The AVX-512 table reads them with the AVX2 tiles, and past 12 tokens its
+ * packed nest is faster (pp_bench_matmul --layout rows, two threads, two rounds alternated, f16
+ * GFLOP/s, the direct nest → the packed one: 8 tokens 127.1, 128.3 → 110.7, 109.2; 12: 138.4,
+ * 136.1 → 137.2, 139.6; 16: 142.6, 142.4 → 160.2, 157.6; 20: 144.3, 146.3 → 172.1, 177.3; 24:
+ * 148.8, 145.7 → 189.9, 191.3; 32: 152.6, 152.5 → 207.3, 206.8). The AVX2 table keeps 20 (with
+ * PP_SIMD=avx2, 13 tokens 129.2, 131.7 direct against 119.2, 120.9 packed; 16-20 level). */
+#ifndef PP_MM_DIRECT_ROWS_MAX_TOKENS
+#define PP_MM_DIRECT_ROWS_MAX_TOKENS 20
+#endif
+#ifndef PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512
+#define PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512 12
+#endif
 
 /* Up to this many tokens the AVX-512 few-token nest reads four row groups (12 rows) per tile
  * instead of two (kernels/cpu/simd_avx512.c). */
@@ -151,7 +164,16 @@ struct pp_simd {
     pp_mm_rows_fn matmul_q8;
     /* NULL where matmul_q8 has no pair tiles */
     pp_q8_pairs_fn q8_pairs;
+    /* the most tokens matmul_rows reads row-major weights directly (in row groups:
+     * PP_MM_DIRECT_MAX_TOKENS); more go through packed panels */
+    int64_t direct_max_rows;
 };
+
+/* The most tokens table s's matmul_rows reads directly, in row groups or row-major. */
+static inline int64_t pp_mm_direct_max_tokens(const struct pp_simd *s, int grouped)
+{
+    return grouped ? PP_MM_DIRECT_MAX_TOKENS : s->direct_max_rows;
+}
 
 /* The best implementation for this CPU. PP_SIMD in the environment caps it: "portable", "avx2" or
  * "avx512" (tests and benchmarks use it to run the paths side by side; a path the CPU lacks gives

@@ -359,7 +359,7 @@ static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r
     if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS, zquads,
                       PP_MM_FOUR_GROUPS_MAX_TOKENS);
-    else if (a->n <= PP_MM_DIRECT_MAX_TOKENS)
+    else if (a->n <= PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512)
         pp__mm_direct_avx2(a, r0, r1, s);
     else
         pp__mm_packed_avx2(a, r0, r1, s, &micro_avx512);
@@ -620,6 +620,7 @@ static void avx512_init(void)
     int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
     avx512.matmul_q8 = vnni ? pp__mm_q8_vnni : pp__mm_q8_avx2;
     avx512.q8_pairs = vnni ? pp__q8_pairs_vnni : NULL;
+    avx512.direct_max_rows = PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512;
 }
 
 #if defined(__clang__)

@@ -345,11 +345,11 @@ static void test_matmul_rows_match(void **state)
     unsigned seed = 9;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
     /* cols around the chunk size (PP_MM_KC) and ragged, up to three chunks and a ragged fourth;
-     * n on both sides of the direct/packed switch (PP_MM_DIRECT_MAX_TOKENS) and of Q8_0's spaced
-     * pair tiles (40, Q8Z_SPACED_MAX_TOKENS in kernels/cpu/matmul_q8_x86.h), beyond one pass of
-     * the packed nest (PP_MM_NC_MAX, PP_MM_NC_AVX512) and not a multiple of the 3-, 4- or 8-token
-     * tiles; rows not a multiple of the 3-, 4- or 6-row tiles or the panels (PP_MM_MC_MAX,
-     * PP_MM_MC_AVX512) */
+     * n on both sides of the direct/packed switches (direct_max_rows row-major, 11, 13 and 21
+     * here; PP_MM_DIRECT_MAX_TOKENS in row groups) and of Q8_0's spaced pair tiles (40,
+     * Q8Z_SPACED_MAX_TOKENS in kernels/cpu/matmul_q8_x86.h), beyond one pass of the packed nest
+     * (PP_MM_NC_MAX, PP_MM_NC_AVX512) and not a multiple of the 3-, 4- or 8-token tiles; rows not
+     * a multiple of the 3-, 4- or 6-row tiles or the panels (PP_MM_MC_MAX, PP_MM_MC_AVX512) */
     const int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 2}, {9, 33, 3}, {13, 257, 4}, {70, 300, 5},
                                  {3, 520, 7}, {67, 256, 11}, {4, 64, 40}, {130, 96, 1},
                                  {13, 257, 13}, {70, 300, 17}, {17, 530, 14}, {40, 1000, 30},
