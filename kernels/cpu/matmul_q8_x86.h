@@ -505,13 +505,26 @@ static void q8z_pairs(int32_t *xpair, int32_t *xneg, const int8_t *q0, const int
 }
 #endif
 
-/* The tiles of R rows (1 or Q8_ROWS_MANY) at m over every token, Q8_TOKENS at a time. */
-static void q8_token_tiles(const struct pp_mm_args *a, const struct q8_tile *m, int wb, int R)
+/* m's R rows over every token in ymm tiles: Q8_STREAMS_ONE rows take one to three tokens in one
+ * tile (one token without software prefetch where the rows are spaced, m->row_step > 1), other
+ * rows (1 or Q8_ROWS_MANY) Q8_TOKENS tokens at a time. */
+_Static_assert(Q8_STREAMS_ONE != 1 && Q8_STREAMS_ONE != Q8_ROWS_MANY,
+               "q8_ymm_tiles tells the tiles apart by their rows");
+static void q8_ymm_tiles(const struct pp_mm_args *a, const struct q8_tile *m, int wb, int R)
 {
-    for (int64_t t0 = 0; t0 < a->n; t0 += Q8_TOKENS) {
-        int64_t nt = a->n - t0 < Q8_TOKENS ? a->n - t0 : Q8_TOKENS;
-        q8_tiles[wb][R == Q8_ROWS_MANY][nt](a, m, t0);
-    }
+    if (R == Q8_STREAMS_ONE && a->n == 1 && m->row_step > 1)
+        (wb ? q8_tile_one_hw_1 : q8_tile_one_hw_0)(a, m, 0);
+    else if (R == Q8_STREAMS_ONE && a->n == 1)
+        (wb ? q8_tile_one_1 : q8_tile_one_0)(a, m, 0);
+    else if (R == Q8_STREAMS_ONE && a->n == 2)
+        (wb ? q8_tile_two_1 : q8_tile_two_0)(a, m, 0);
+    else if (R == Q8_STREAMS_ONE && a->n == 3)
+        (wb ? q8_tile_three_1 : q8_tile_three_0)(a, m, 0);
+    else
+        for (int64_t t0 = 0; t0 < a->n; t0 += Q8_TOKENS) {
+            int64_t nt = a->n - t0 < Q8_TOKENS ? a->n - t0 : Q8_TOKENS;
+            q8_tiles[wb][R == Q8_ROWS_MANY][nt](a, m, t0);
+        }
 }
 
 /* m over R rows of a: first, first + step, ...; a prefetch reads the same bytes of the row after
@@ -553,18 +566,13 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     if (ns >= 2) {
         for (int64_t q = 0; q < ns; q++) {
             q8_place(a, &m, r0 + q, ns, rs);
-            if (a->n == 1)
-                (wb ? q8_tile_one_hw_1 : q8_tile_one_hw_0)(a, &m, 0);
-            else if (a->n == 2)
-                (wb ? q8_tile_two_1 : q8_tile_two_0)(a, &m, 0);
-            else if (a->n == 3)
-                (wb ? q8_tile_three_1 : q8_tile_three_0)(a, &m, 0);
-            else if (!a->xpair)
-                q8_token_tiles(a, &m, wb, Q8_ROWS_MANY);
 #if Q8_ZMM
-            else
+            if (a->xpair) {
                 q8z_rows(a, &m, wb, NULL, 0);
+                continue;
+            }
 #endif
+            q8_ymm_tiles(a, &m, wb, rs);
         }
         r = r0 + rs * ns;
     }
@@ -583,12 +591,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         int R = a->n <= 2 ? (left >= Q8_STREAMS_ONE ? Q8_STREAMS_ONE : 1)
                           : (left >= Q8_ROWS_MANY ? Q8_ROWS_MANY : 1);
         q8_place(a, &m, r, 1, R);
-        if (R == Q8_STREAMS_ONE && a->n == 1)
-            (wb ? q8_tile_one_1 : q8_tile_one_0)(a, &m, 0);
-        else if (R == Q8_STREAMS_ONE && a->n == 2)
-            (wb ? q8_tile_two_1 : q8_tile_two_0)(a, &m, 0);
-        else
-            q8_token_tiles(a, &m, wb, R);
+        q8_ymm_tiles(a, &m, wb, R);
         r += R;
     }
 }
