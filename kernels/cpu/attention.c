@@ -130,29 +130,20 @@ static void key_rows(const struct attn_job *j, const struct qblock *qb, int64_t 
     }
 }
 
-/* The softmax parts of nq queries' n scores (ATTN_CHUNK apart): each score times scale, each
- * query's max m[q], its numerators pp__expf(s - m[q]) (pp_simd.exp_shift) and their sum l[q]. The
- * max and the sum are one chain per query in position order, the queries' chains side by side (a
- * chain waits on its last step; eight at once keep the core busy). Inlined with a constant nq,
- * the chains stay in registers. */
+/* The softmax parts of nq queries' n scores (ATTN_CHUNK apart): each score times scale and each
+ * query's max m[q] (pp_simd.scale_max: a zero max as +0), its numerators pp__expf(s - m[q])
+ * (pp_simd.exp_shift) and their sum l[q]. The sum is one chain per query in position order, the
+ * queries' chains side by side (a chain waits on its last step; eight at once keep the core busy).
+ * Inlined with a constant nq, the chains stay in registers. */
 static inline __attribute__((always_inline)) void softmax_parts(const struct pp_simd *simd,
                                                                 float *scores, int64_t n,
                                                                 float scale, float *m, float *l,
                                                                 int32_t nq)
 {
-    float max[ATTN_GROUP], sum[ATTN_GROUP];
-    for (int32_t q = 0; q < nq; q++)
-        max[q] = -INFINITY;
-    for (int64_t i = 0; i < n; i++)
-        _Pragma("GCC unroll 8")
-        for (int32_t q = 0; q < nq; q++) {
-            float s = scores[q * ATTN_CHUNK + i] * scale;
-            scores[q * ATTN_CHUNK + i] = s;
-            max[q] = s > max[q] ? s : max[q];
-        }
+    float sum[ATTN_GROUP];
     for (int32_t q = 0; q < nq; q++) {
-        simd->exp_shift(scores + q * ATTN_CHUNK, max[q], n);
-        m[q] = max[q];
+        m[q] = simd->scale_max(scores + q * ATTN_CHUNK, scale, n);
+        simd->exp_shift(scores + q * ATTN_CHUNK, m[q], n);
         sum[q] = 0.0f;
     }
     for (int64_t i = 0; i < n; i++)

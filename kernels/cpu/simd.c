@@ -2,6 +2,7 @@
  * choice between them and the AVX2/FMA/F16C loops. */
 #include "kernels/cpu/simd.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,17 @@ static void exp_shift_portable(float *x, float shift, int64_t n)
         x[i] = pp__expf(x[i] - shift);
 }
 
+static float scale_max_portable(float *x, float scale, int64_t n)
+{
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i] * scale;
+        x[i] = v;
+        m = v > m ? v : m;
+    }
+    return m + 0.0f; /* a zero maximum as +0, whichever zero came first */
+}
+
 static void swiglu_portable(float *out, const float *gate, const float *up, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
@@ -74,7 +86,7 @@ static void bf16_portable(float *dst, const void *src, int64_t n)
 
 static const struct pp_simd portable = {
     "portable",      matmul_rows_portable, dot_portable,    dots_portable, wsum_portable,
-    exp_shift_portable, swiglu_portable,   f16_portable,    bf16_portable, pp__q8_act_portable,
+    exp_shift_portable, scale_max_portable, swiglu_portable,   f16_portable,    bf16_portable, pp__q8_act_portable,
     pp__mm_q8_portable, NULL, PP_MM_DIRECT_ROWS_MAX_TOKENS};
 
 const struct pp_simd *pp_simd_portable(void)

@@ -136,6 +136,10 @@ typedef void (*pp_wsum_fn)(float *y, const float *w, int64_t ldw, int64_t g,
                            const float *const *x, int64_t m, int64_t n);
 /* x[i] = pp__expf(x[i] - shift) for i in [0, n) (kernels/cpu/cpu-impl.h): attention's softmax. */
 typedef void (*pp_exp_shift_fn)(float *x, float shift, int64_t n);
+/* x[i] *= scale for i in [0, n), and returns the largest x[i] after it: NaNs are passed over (-inf
+ * when all are NaN) and a zero maximum comes back as +0, so that every table and every order of
+ * comparison give the same bits (attention's scaled scores and their max). */
+typedef float (*pp_scale_max_fn)(float *x, float scale, int64_t n);
 /* out[i] = pp__swiglu1(gate[i], up[i]) for i in [0, n) (kernels/cpu/cpu-impl.h). */
 typedef void (*pp_swiglu_fn)(float *out, const float *gate, const float *up, int64_t n);
 /* pp_row_to_f32 for f16/bf16 (other dtypes use the portable function). */
@@ -155,6 +159,7 @@ struct pp_simd {
     pp_dots_fn dots;
     pp_wsum_fn wsum;
     pp_exp_shift_fn exp_shift;
+    pp_scale_max_fn scale_max;
     pp_swiglu_fn swiglu;
     pp_convert_fn f16_to_f32;
     pp_convert_fn bf16_to_f32;

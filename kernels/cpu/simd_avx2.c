@@ -34,6 +34,7 @@
 #endif
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu-impl.h"
@@ -580,6 +581,30 @@ static void exp_shift_avx2(float *x, float shift, int64_t n)
         x[i] = pp__expf(x[i] - shift);
 }
 
+/* x[i] *= scale, and the largest (kernels/cpu/simd.h, pp_scale_max_fn): maxps(s, m) is s > m ? s
+ * : m, so a NaN lane keeps m, as the portable loop does. */
+static float scale_max_avx2(float *x, float scale, int64_t n)
+{
+    const __m256 sv = _mm256_set1_ps(scale);
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+        _mm256_storeu_ps(x + i, v);
+        mv = _mm256_max_ps(v, mv);
+    }
+    float lanes[8], m = -INFINITY;
+    _mm256_storeu_ps(lanes, mv);
+    for (int l = 0; l < 8; l++)
+        m = lanes[l] > m ? lanes[l] : m;
+    for (; i < n; i++) {
+        float v = x[i] * scale;
+        x[i] = v;
+        m = v > m ? v : m;
+    }
+    return m + 0.0f;
+}
+
 static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t n)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
@@ -618,9 +643,9 @@ static void bf16_avx2(float *dst, const void *src, int64_t n)
 
 static const struct pp_simd avx2 = {"avx2",         matmul_rows_avx2, dot_avx2,
                                     dots_avx2,      wsum_avx2,        exp_shift_avx2,
-                                    swiglu_avx2,    f16_avx2,         bf16_avx2,
-                                    pp__q8_act_avx2, pp__mm_q8_avx2,  NULL,
-                                    PP_MM_DIRECT_ROWS_MAX_TOKENS};
+                                    scale_max_avx2, swiglu_avx2,      f16_avx2,
+                                    bf16_avx2,      pp__q8_act_avx2,  pp__mm_q8_avx2,
+                                    NULL,           PP_MM_DIRECT_ROWS_MAX_TOKENS};
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -24,6 +24,7 @@
 
 #include <assert.h>
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -603,6 +604,81 @@ static void wsum_avx512(float *y, const float *w, int64_t ldw, int64_t g, const 
     }
 }
 
+/* --- softmax and SwiGLU on sixteen lanes ---------------------------------------------------- */
+
+/* pp__expf on sixteen lanes, operation for operation (kernels/cpu/cpu-impl.h; the AVX2 exp8). */
+AI __m512 exp16(__m512 x)
+{
+    __m512 xc = _mm512_max_ps(_mm512_set1_ps(PP_EXP_LO), x); /* NaN: maxps returns x */
+    xc = _mm512_min_ps(_mm512_set1_ps(PP_EXP_HI), xc);
+    __m512 kf = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(PP_EXP_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(kf, _mm512_set1_ps(-PP_EXP_LN2_HI), xc);
+    r = _mm512_fmadd_ps(kf, _mm512_set1_ps(-PP_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(PP_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PP_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PP_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PP_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PP_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(PP_EXP_P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i k = _mm512_cvtps_epi32(kf); /* kf is integral: exact (a NaN lane is replaced below) */
+    __m512i k1 = _mm512_srai_epi32(k, 1), k2 = _mm512_sub_epi32(k, k1);
+    const __m512i bias = _mm512_set1_epi32(127);
+    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, bias), 23));
+    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, bias), 23));
+    y = _mm512_mul_ps(_mm512_mul_ps(y, s1), s2);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+
+static void exp_shift_avx512(float *x, float shift, int64_t n)
+{
+    const __m512 sv = _mm512_set1_ps(shift);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), sv)));
+    for (; i < n; i++)
+        x[i] = pp__expf(x[i] - shift);
+}
+
+/* x[i] *= scale, and the largest (kernels/cpu/simd.h, pp_scale_max_fn): maxps(s, m) is s > m ? s
+ * : m, so a NaN lane keeps m, as the portable loop does. */
+static float scale_max_avx512(float *x, float scale, int64_t n)
+{
+    const __m512 sv = _mm512_set1_ps(scale);
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), sv);
+        _mm512_storeu_ps(x + i, v);
+        mv = _mm512_max_ps(v, mv);
+    }
+    float lanes[16], m = -INFINITY;
+    _mm512_storeu_ps(lanes, mv);
+    for (int l = 0; l < 16; l++)
+        m = lanes[l] > m ? lanes[l] : m;
+    for (; i < n; i++) {
+        float v = x[i] * scale;
+        x[i] = v;
+        m = v > m ? v : m;
+    }
+    return m + 0.0f;
+}
+
+static void swiglu_avx512(float *out, const float *gate, const float *up, int64_t n)
+{
+    const __m512 sign = _mm512_set1_ps(-0.0f), one = _mm512_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate + i);
+        __m512 e = exp16(_mm512_xor_ps(g, sign));
+        __m512 v = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i));
+        _mm512_storeu_ps(out + i, v);
+    }
+    for (; i < n; i++)
+        out[i] = pp__swiglu1(gate[i], up[i]);
+}
+
 static struct pp_simd avx512;
 static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
 
@@ -615,6 +691,9 @@ static void avx512_init(void)
     avx2_dots = avx512.dots;
     avx512.dots = dots_avx512;
     avx512.wsum = wsum_avx512;
+    avx512.exp_shift = exp_shift_avx512;
+    avx512.scale_max = scale_max_avx512;
+    avx512.swiglu = swiglu_avx512;
     __builtin_cpu_init();
     /* Q8_0 with VNNI where the CPU has it, and its pair tiles, else with the AVX2 dot products */
     int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");

@@ -40,8 +40,9 @@ static void test_dot_matches(void **state)
 
 /* dots and wsum of g queries over rows scattered in memory give pp__dot's and fmaf's bits in both
  * tables, for query counts around the pair and four-query tiles and past the attention block of
- * eight, row counts around the four- and eight-row tiles, and lengths around the 8-, 16- and
- * 64-element blocks and past the 256 of the zmm tiles. */
+ * eight, row counts around the four- and eight-row tiles and up to a whole chunk (the zmm tiles
+ * take the rows in passes), and lengths around the 8-, 16- and 64-element blocks and past the 256
+ * of the zmm tiles. */
 static void test_dots_wsum_match(void **state)
 {
     (void)state;
@@ -49,11 +50,12 @@ static void test_dots_wsum_match(void **state)
     unsigned seed = 21;
     const int64_t lens[] = {1, 7, 8, 13, 16, 24, 64, 72, 128, 131, 264};
     const int64_t groups[] = {1, 2, 3, 4, 5, 8, 9};
-    enum { MAX_M = 19, MAX_G = 9, LDO = 23 };
+    const int64_t row_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 19, 23, 65, 130, 256};
+    enum { MAX_M = 256, MAX_G = 9, LDO = 263 };
     for (size_t gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++)
-        for (int64_t m = 1; m <= MAX_M; m += (m < 12 ? 1 : 7))
+        for (size_t mi = 0; mi < sizeof(row_counts) / sizeof(row_counts[0]); mi++)
             for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
-                int64_t g = groups[gi], n = lens[li];
+                int64_t g = groups[gi], m = row_counts[mi], n = lens[li];
                 float *a = malloc(sizeof(float) * (size_t)(g * n));
                 /* rows 3n apart, odd offset */
                 float *pool = malloc(sizeof(float) * (size_t)(n * m * 3));
@@ -165,6 +167,8 @@ static void test_exp_shift_match(void **state)
             x[i] = shift - (frand(&seed) + 1.0f) * (rep % 3 == 0 ? 80.0f : 6.0f);
         x[rep % N] = shift; /* the maximum itself: exp(0) = 1 */
         x[(rep + 7) % N] = -INFINITY;
+        if (rep % 5 == 0)
+            x[(rep + 13) % N] = NAN;
         int64_t n = rep % N + 1;
         memcpy(a, x, sizeof(x));
         memcpy(b, x, sizeof(x));
@@ -176,6 +180,51 @@ static void test_exp_shift_match(void **state)
             assert_memory_equal(&a[i], &ref, sizeof(float));
         }
         assert_true(a[rep % N] == 1.0f || rep % N >= n);
+    }
+}
+
+/* scale_max (attention's scaled scores and their max) in both tables: x[i] * scale's bits and the
+ * same max, NaNs passed over (-inf when all are NaN) and a zero max as +0 whichever zeros came
+ * first, for every length around the 8- and 16-lane steps. */
+static void test_scale_max_match(void **state)
+{
+    (void)state;
+    const struct pp_simd *tabs[2] = {pp_simd_get(), pp_simd_portable()};
+    unsigned seed = 37;
+    enum { N = 53 };
+    float x[N], y[N];
+    for (int rep = 0; rep < 400; rep++) {
+        int64_t n = rep % N + 1;
+        float scale = 0.125f + fabsf(frand(&seed));
+        for (int i = 0; i < N; i++)
+            x[i] = rep % 4 == 0 ? frand(&seed) * 10.0f : -0.5f - fabsf(frand(&seed)) * 10.0f;
+        if (rep % 4 == 1) { /* a zero max: -0 before +0, or +0 only */
+            x[(rep / 4) % n] = rep % 8 == 1 ? -0.0f : 0.0f;
+            x[(rep / 4 + 3) % n] = 0.0f;
+        }
+        if (rep % 4 == 2) {
+            x[(rep / 4) % n] = NAN;
+            x[(rep / 4 + 5) % n] = -INFINITY;
+        }
+        if (rep % 4 == 3)
+            for (int i = 0; i < N; i++)
+                x[i] = NAN;
+        float want = -INFINITY;
+        for (int64_t i = 0; i < n; i++)
+            if (x[i] * scale > want)
+                want = x[i] * scale;
+        for (int t = 0; t < 2; t++) {
+            memcpy(y, x, sizeof(x));
+            float got = tabs[t]->scale_max(y, scale, n);
+            for (int64_t i = 0; i < n; i++) {
+                float ref = x[i] * scale;
+                assert_memory_equal(&y[i], &ref, sizeof(float));
+            }
+            if (want == 0.0f)
+                assert_true(got == 0.0f && !signbit(got));
+            else
+                assert_memory_equal(&got, &want, sizeof(float));
+        }
     }
 }
 
@@ -554,6 +603,7 @@ int main(void)
         cmocka_unit_test(test_expf_accuracy),
         cmocka_unit_test(test_swiglu_match),
         cmocka_unit_test(test_exp_shift_match),
+        cmocka_unit_test(test_scale_max_match),
         cmocka_unit_test(test_row_groups_layout),
         cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_direct_all_token_counts),
