@@ -21,6 +21,7 @@
 
 #define ATTN_CHUNK 256 /* positions per chunk (a split point every ATTN_CHUNK positions) */
 #define ATTN_GROUP 8   /* query heads of one KV head that share a pass over a chunk, at most */
+#define ATTN_ROWS 8    /* rows (consecutive positions of one sequence) that share it, at most */
 #define SPLIT_BELOW 4  /* split chunks across threads when query blocks < SPLIT_BELOW × threads */
 
 static inline float *kv_row(const struct pp_kv_view *kv, int32_t layer, int kv_sel,
@@ -61,6 +62,7 @@ struct attn_job {
     const struct pp_attn_shape *shape;
     int32_t group;      /* query heads per KV head */
     int32_t blocks;     /* query blocks per KV head: ceil(group / ATTN_GROUP) */
+    int64_t n_rows;     /* batch rows */
     int64_t max_chunks; /* chunks per query at most (split mode) */
     float *parts;       /* split mode: [query][chunk] of (m, l, o[head_dim]) */
 };
@@ -205,27 +207,110 @@ static void chunk_span(const struct qblock *qb, int64_t c, int64_t *c0, int64_t 
     *c1 = (c + 1) * ATTN_CHUNK - 1 < qb->last ? (c + 1) * ATTN_CHUNK - 1 : qb->last;
 }
 
-/* Scratch of one thread: scores [ATTN_GROUP][ATTN_CHUNK], then o [ATTN_GROUP][head_dim]. */
-static void attend_block(const struct attn_job *j, int64_t b, float *scratch)
+/* Up to ATTN_ROWS consecutive rows of one sequence, with one query block's heads each: every chunk
+ * that several of them see is read once for all of them (keys and values then come from L1 and
+ * L2, not from further out, at long contexts). Row t sits at position last0 + t. */
+struct qtile {
+    struct qblock qb; /* row 0's block */
+    int32_t nt;
+};
+
+/* The chunk c of row t of a tile: [*c0, *c1], empty (*c1 < *c0) when the row does not reach it. A
+ * tile of several rows has no sliding window, so all its rows start their chunks together. */
+static void tile_chunk_span(const struct qtile *tl, int32_t t, int64_t c, int64_t *c0, int64_t *c1)
 {
-    struct qblock qb = qblock_of(j, b);
-    int32_t hd = j->shape->head_dim;
-    float *scores = scratch, *o = scratch + ATTN_GROUP * ATTN_CHUNK;
-    float M[ATTN_GROUP], L[ATTN_GROUP], m[ATTN_GROUP], l[ATTN_GROUP];
-    for (int64_t c = qb.first / ATTN_CHUNK; c <= qb.last / ATTN_CHUNK; c++) {
-        int64_t c0, c1;
-        chunk_span(&qb, c, &c0, &c1);
-        if (c == qb.first / ATTN_CHUNK) {
-            /* the first chunk writes the running state directly */
-            attend_chunk(j, &qb, c0, c1, scores, M, L, qb.out);
-        } else {
-            attend_chunk(j, &qb, c0, c1, scores, m, l, o);
-            for (int32_t q = 0; q < qb.nq; q++)
-                merge_chunk(&M[q], &L[q], qb.out + q * hd, m[q], l[q], o + q * hd, hd);
+    struct qblock qb = tl->qb;
+    qb.last += t;
+    chunk_span(&qb, c, c0, c1);
+}
+
+/* The tile's rows through their chunks in order, each (row, query) as attend_chunk and merge_chunk
+ * would take it alone: its scores from pp_simd.dots (whose bits do not depend on the other
+ * queries or rows in the call), its softmax parts over its own positions, and its weighted sum
+ * over its own rows in order (the rows all of the tile's rows see in one wsum, then each row's
+ * further ones). Scratch: scores [ATTN_ROWS · ATTN_GROUP][ATTN_CHUNK], then o and the packed
+ * queries, [ATTN_ROWS · ATTN_GROUP][head_dim] each. */
+static void attend_tile(const struct attn_job *j, const struct qtile *tl, float *scratch)
+{
+    const struct pp_simd *simd = j->cpu->simd;
+    const struct pp_attn_shape *sh = j->shape;
+    const struct qblock *qb = &tl->qb;
+    int32_t hd = sh->head_dim, nq = qb->nq, nt = tl->nt;
+    int64_t q_dim = (int64_t)sh->n_heads * hd, qs = (int64_t)nq * hd;
+    float *scores = scratch, *o = scratch + ATTN_ROWS * ATTN_GROUP * ATTN_CHUNK;
+    float *qp = o + (int64_t)ATTN_ROWS * ATTN_GROUP * hd;
+    float M[ATTN_ROWS * ATTN_GROUP], L[ATTN_ROWS * ATTN_GROUP];
+    float m[ATTN_ROWS * ATTN_GROUP], l[ATTN_ROWS * ATTN_GROUP];
+    const float *rows[ATTN_CHUNK];
+    assert(nt >= 1 && nt <= ATTN_ROWS && (nt == 1 || qb->first == 0));
+    for (int32_t t = 0; t < nt; t++)
+        memcpy(qp + t * qs, qb->q + t * q_dim, (size_t)qs * sizeof(float));
+    int64_t c_first = qb->first / ATTN_CHUNK, c_last = (qb->last + nt - 1) / ATTN_CHUNK;
+    for (int64_t c = c_first; c <= c_last; c++) {
+        /* the rows that reach chunk c: t0 onwards, n[t] positions each from c0 */
+        int32_t t0 = 0;
+        int64_t c0 = 0, c1, n[ATTN_ROWS];
+        while (tile_chunk_span(tl, t0, c, &c0, &c1), c1 < c0)
+            t0++;
+        for (int32_t t = t0; t < nt; t++) {
+            int64_t a0;
+            tile_chunk_span(tl, t, c, &a0, &c1);
+            assert(a0 == c0 && c1 - c0 + 1 <= ATTN_CHUNK);
+            n[t] = c1 - c0 + 1;
         }
+        int64_t g = (int64_t)(nt - t0) * nq;
+        key_rows(j, qb, c0, n[nt - 1], rows);
+        simd->dots(scores + t0 * nq * ATTN_CHUNK, ATTN_CHUNK, qp + t0 * qs, g, rows, n[nt - 1],
+                   hd);
+        for (int32_t t = t0; t < nt; t++) {
+            float *sc = scores + t * nq * ATTN_CHUNK;
+            if (nq == ATTN_GROUP) /* the queries' chains in registers */
+                softmax_parts(simd, sc, n[t], sh->scale, m + t * nq, l + t * nq, ATTN_GROUP);
+            else
+                softmax_parts(simd, sc, n[t], sh->scale, m + t * nq, l + t * nq, nq);
+        }
+        for (int64_t i = 0; i < n[nt - 1]; i++)
+            rows[i] += j->kv->block_elems; /* a position's V row follows its K row by one block */
+        memset(o + t0 * qs, 0, (size_t)(g * hd) * sizeof(float));
+        simd->wsum(o + t0 * qs, scores + t0 * nq * ATTN_CHUNK, ATTN_CHUNK, g, rows, n[t0], hd);
+        for (int32_t t = t0 + 1; t < nt; t++)
+            if (n[t] > n[t0])
+                simd->wsum(o + t * qs, scores + t * nq * ATTN_CHUNK + n[t0], ATTN_CHUNK, nq,
+                           rows + n[t0], n[t] - n[t0], hd);
+        for (int32_t t = t0; t < nt; t++)
+            for (int32_t q = 0; q < nq; q++) {
+                int32_t k = t * nq + q;
+                float *out = qb->out + t * q_dim + q * hd;
+                if (c == c_first) { /* the first chunk is the running state */
+                    M[k] = m[k];
+                    L[k] = l[k];
+                    memcpy(out, o + k * hd, (size_t)hd * sizeof(float));
+                } else {
+                    merge_chunk(&M[k], &L[k], out, m[k], l[k], o + k * hd, hd);
+                }
+            }
     }
-    for (int32_t q = 0; q < qb.nq; q++)
-        finish(qb.out + q * hd, L[q], qb.out + q * hd, hd);
+    for (int32_t t = 0; t < nt; t++)
+        for (int32_t q = 0; q < nq; q++)
+            finish(qb->out + t * q_dim + q * hd, L[t * nq + q], qb->out + t * q_dim + q * hd, hd);
+}
+
+/* Item it of the job: rows [it / per · ATTN_ROWS, + ATTN_ROWS) of the batch (per = KV heads ·
+ * blocks), KV head and block from it % per; each sequence's share of those rows is one tile (a
+ * row alone under a sliding window, whose rows start their chunks apart). */
+static void attend_item(const struct attn_job *j, int64_t it, float *scratch)
+{
+    int64_t per = (int64_t)j->shape->n_kv_heads * j->blocks;
+    int64_t r0 = it / per * ATTN_ROWS, r1 = r0 + ATTN_ROWS < j->n_rows ? r0 + ATTN_ROWS : j->n_rows;
+    for (int64_t r = r0; r < r1;) {
+        struct qtile tl;
+        tl.qb = qblock_of(j, r * per + it % per);
+        int64_t end = tl.qb.sq->row + tl.qb.sq->n_tokens < r1 ? tl.qb.sq->row + tl.qb.sq->n_tokens
+                                                               : r1;
+        tl.nt = j->shape->sliding_window > 0 ? 1 : (int32_t)(end - r);
+        attend_tile(j, &tl, scratch);
+        r += tl.nt;
+    }
 }
 
 static void attn_items(void *ctx, int64_t begin, int64_t end, int thread)
@@ -233,7 +318,7 @@ static void attn_items(void *ctx, int64_t begin, int64_t end, int thread)
     struct attn_job *j = ctx;
     float *scratch = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_SCORES, thread);
     for (int64_t it = begin; it < end; it++)
-        attend_block(j, it, scratch);
+        attend_item(j, it, scratch);
 }
 
 /* Split mode: a query's partials by query index (row · heads + head) and chunk. */
@@ -297,7 +382,7 @@ static void attn_merge_items(void *ctx, int64_t begin, int64_t end, int thread)
 
 int64_t pp__cpu_attn_scratch(int64_t max_cols)
 {
-    return (int64_t)ATTN_GROUP * (ATTN_CHUNK + max_cols);
+    return (int64_t)ATTN_ROWS * ATTN_GROUP * (ATTN_CHUNK + 2 * max_cols);
 }
 
 int64_t pp__cpu_attn_parts(int64_t max_cols, int64_t max_context)
@@ -320,7 +405,7 @@ void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
             max_len = seqs[s].pos + seqs[s].n_tokens;
     }
     assert(shape->head_dim <= c->max_cols);
-    struct attn_job j = {c, out, q, kv, layer, seqs, n_seqs, shape, 0, 0, 0, NULL};
+    struct attn_job j = {c, out, q, kv, layer, seqs, n_seqs, shape, 0, 0, n_rows, 0, NULL};
     assert(shape->n_kv_heads >= 1 && shape->n_heads % shape->n_kv_heads == 0);
     j.group = shape->n_heads / shape->n_kv_heads;
     j.blocks = (j.group + ATTN_GROUP - 1) / ATTN_GROUP;
@@ -338,5 +423,6 @@ void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
         pp_threadpool_run(c->pool, attn_merge_items, &j, n_queries, 1);
         return;
     }
-    pp_threadpool_run(c->pool, attn_items, &j, n_blocks, 1);
+    int64_t n_items = (n_rows + ATTN_ROWS - 1) / ATTN_ROWS * shape->n_kv_heads * j.blocks;
+    pp_threadpool_run(c->pool, attn_items, &j, n_items, 1);
 }

@@ -995,6 +995,12 @@ static void test_attention_gqa(void **state)
     check_attention_case(&g8, 66);
     const struct attn_case g12 = {12, 1, 24, 0, 2, {260, 7}, {2, 3}};
     check_attention_case(&g12, 67);
+    /* prompts in tiles of eight rows (kernels/cpu/attention.c): a tile across a chunk boundary,
+     * whose first rows stop before the next chunk, and a tile shared by two sequences */
+    const struct attn_case tiles = {8, 2, 16, 0, 2, {250, 0}, {12, 17}};
+    check_attention_case(&tiles, 68);
+    const struct attn_case tiles12 = {12, 1, 24, 0, 3, {505, 0, 3}, {19, 3, 10}};
+    check_attention_case(&tiles12, 69);
 }
 
 /* A sliding window: a query at p sees only keys at positions > p - window, including across a
