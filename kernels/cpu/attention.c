@@ -7,12 +7,14 @@
  * positions in increasing order); the partials merge in increasing chunk order (merge_chunk).
  *
  * The query heads of one token that share a KV head see the same keys at the same positions, so
- * they go together, up to ATTN_GROUP at a time (a query block): one pass over a chunk's keys gives
- * all their scores and one pass over its values all their weighted sums, each still computed in
- * the one query's order. Normally one thread runs all of a block's chunks; when a batch has too
- * few blocks to keep the threads busy (decode of one sequence over a long context), chunks become
- * the work items and a second pass merges them — the same arithmetic in the same order, so the
- * same bits. */
+ * they go together, up to ATTN_GROUP at a time (a query block); so do up to ATTN_ROWS consecutive
+ * tokens of one sequence (a tile), which see the same keys up to the earliest one's position.
+ * One pass over a chunk's keys gives all their scores and one pass over its values all their
+ * weighted sums, each still computed in the one query's order. Normally one thread runs all of a
+ * tile's chunks, threads taking tiles from a shared counter (a prompt's later tokens cost more);
+ * when a batch has too few blocks to keep the threads busy (decode of one sequence over a long
+ * context), chunks become the work items and a second pass merges them — the same arithmetic in
+ * the same order, so the same bits. */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
@@ -22,6 +24,7 @@
 #define ATTN_CHUNK 256 /* positions per chunk (a split point every ATTN_CHUNK positions) */
 #define ATTN_GROUP 8   /* query heads of one KV head that share a pass over a chunk, at most */
 #define ATTN_ROWS 8    /* rows (consecutive positions of one sequence) that share it, at most */
+#define ATTN_GRAIN 4   /* work items (tiles) a thread takes at a time while many are left */
 #define SPLIT_BELOW 4  /* split chunks across threads when query blocks < SPLIT_BELOW × threads */
 
 static inline float *kv_row(const struct pp_kv_view *kv, int32_t layer, int kv_sel,
@@ -424,5 +427,5 @@ void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
         return;
     }
     int64_t n_items = (n_rows + ATTN_ROWS - 1) / ATTN_ROWS * shape->n_kv_heads * j.blocks;
-    pp_threadpool_run(c->pool, attn_items, &j, n_items, 1);
+    pp_threadpool_run_dynamic(c->pool, attn_items, &j, n_items, ATTN_GRAIN, 1);
 }
