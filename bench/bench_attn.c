@@ -1,0 +1,213 @@
+/* pp_bench_attn: the CPU backend's attention alone on the tinyllama shape (32 query heads, 4 KV
+ * heads of 64, 22 layers), as a long prompt's prefill runs it.
+ *
+ *   pp_bench_attn [--threads N] [--contexts 256,512,1024,2048,4096] [--reps R] [--json PATH]
+ *
+ * For each context P: one window of 256 prompt rows (the executor's default batch window) at
+ * positions [P - 256, P), attending over a paged f32 KV cache of 16-position blocks placed out of
+ * order, every layer in turn; the best of R passes. Prints ms per window, GFLOP/s (4 · heads ·
+ * head_dim FLOPs per query and position seen), that rate as a fraction of the machine's FP32 FMA
+ * peak measured in the same run, and as a ratio to the first context's rate (how well the rate
+ * holds as the context grows). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench.h"
+#include "common/json_write.h"
+
+enum { WINDOW = 256, HEADS = 32, KV_HEADS = 4, HEAD_DIM = 64, LAYERS = 22, BLOCK = 16 };
+enum { MAX_CONTEXTS = 16, MAX_CONTEXT = 1 << 16 };
+
+struct result {
+    int context;
+    double best_s, gflops;
+};
+
+static uint32_t rng(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(*s >> 33);
+}
+
+static float frand(uint64_t *s)
+{
+    return (float)(rng(s) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static int parse_list(const char *s, int *out, int cap)
+{
+    int n = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == cap)
+            return -1;
+        out[n] = atoi(t);
+        if (out[n] < WINDOW || out[n] > MAX_CONTEXT)
+            return -1;
+        n++;
+    }
+    return n;
+}
+
+/* FLOPs of the window at context p: each query's dot with and weighted sum of every position it
+ * sees, 2 FLOPs per element each. */
+static double window_flops(int p)
+{
+    double f = 0.0;
+    for (int t = 0; t < WINDOW; t++)
+        f += 4.0 * HEADS * HEAD_DIM * (p - WINDOW + t + 1);
+    return LAYERS * f;
+}
+
+/* The best of reps passes over every layer at context p. */
+static double time_window(struct pp_backend *be, int p, int reps, float *out, const float *q)
+{
+    int n_blocks = (p + BLOCK - 1) / BLOCK;
+    struct pp_kv_view kv = {0};
+    kv.n_layers = LAYERS;
+    kv.block_size = BLOCK;
+    kv.kv_dim = KV_HEADS * HEAD_DIM;
+    kv.block_elems = (int64_t)BLOCK * kv.kv_dim;
+    size_t pool_n = (size_t)n_blocks * LAYERS * 2 * (size_t)kv.block_elems;
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    if (be->ops->buf_alloc(be, PP_MEM_KV, (int64_t)(pool_n * sizeof(float)), (void **)&kv.pool) !=
+            PP_OK ||
+        !table) {
+        free(table);
+        return -1.0;
+    }
+    uint64_t seed = (uint64_t)p;
+    for (size_t i = 0; i < pool_n; i++)
+        kv.pool[i] = frand(&seed);
+    /* blocks out of order, as a cache that has served other sequences hands them out */
+    for (int i = 0; i < n_blocks; i++)
+        table[i] = (int32_t)((int64_t)i * 7 % n_blocks);
+    if (n_blocks % 7 == 0)
+        for (int i = 0; i < n_blocks; i++)
+            table[i] = n_blocks - 1 - i;
+    struct pp_attn_seq seq = {0, WINDOW, p - WINDOW, table};
+    struct pp_attn_shape shape = {HEADS, KV_HEADS, HEAD_DIM, 0, 0.125f};
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = pp_bench_now();
+        for (int l = 0; l < LAYERS; l++)
+            be->ops->attention(be, out, q, &kv, l, &seq, 1, &shape);
+        double t = pp_bench_now() - t0;
+        if (t < best)
+            best = t;
+    }
+    be->ops->buf_free(be, PP_MEM_KV, kv.pool);
+    free(table);
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 1, reps = 3, contexts[MAX_CONTEXTS], n_ctx;
+    const char *json = NULL, *list = "256,512,1024,2048,4096";
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v)
+            goto usage;
+        if (strcmp(a, "--threads") == 0)
+            threads = atoi(v);
+        else if (strcmp(a, "--contexts") == 0)
+            list = v;
+        else if (strcmp(a, "--reps") == 0)
+            reps = atoi(v);
+        else if (strcmp(a, "--json") == 0)
+            json = v;
+        else
+            goto usage;
+    }
+    n_ctx = parse_list(list, contexts, MAX_CONTEXTS);
+    if (threads < 1 || threads > 256 || reps < 1 || n_ctx < 1)
+        goto usage;
+    int max_ctx = 0;
+    for (int i = 0; i < n_ctx; i++)
+        max_ctx = contexts[i] > max_ctx ? contexts[i] : max_ctx;
+
+    struct pp_backend *be;
+    if (pp_backend_cpu_new(threads, &be) != PP_OK)
+        return 1;
+    if (be->ops->reserve(be, HEADS * HEAD_DIM, max_ctx) != PP_OK)
+        return 1;
+    size_t qn = (size_t)WINDOW * HEADS * HEAD_DIM;
+    float *q = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn);
+    struct result *res = calloc((size_t)n_ctx, sizeof(*res));
+    if (!q || !out || !res)
+        return 1;
+    uint64_t seed = 11;
+    for (size_t i = 0; i < qn; i++)
+        q[i] = frand(&seed);
+
+    double peak = pp_bench_fma_peak(threads), load0 = pp_bench_loadavg();
+    printf("pp_bench_attn: %d threads, tinyllama attention (%d/%d heads of %d, %d layers), a "
+           "%d-row prompt window at each context, best of %d\n",
+           threads, HEADS, KV_HEADS, HEAD_DIM, LAYERS, WINDOW, reps);
+    printf("machine: FP32 FMA peak %.1f GFLOP/s (%s; load average %.2f)\n", peak / 1e9,
+           pp_bench_fma_isa(), load0);
+    printf("context  ms/window   GFLOP/s  of peak  vs first\n");
+    for (int i = 0; i < n_ctx; i++) {
+        res[i].context = contexts[i];
+        res[i].best_s = time_window(be, contexts[i], reps, out, q);
+        if (res[i].best_s <= 0)
+            return 1;
+        res[i].gflops = window_flops(contexts[i]) / res[i].best_s / 1e9;
+        printf("%7d %10.2f %9.1f %7.1f%% %9.3f\n", contexts[i], res[i].best_s * 1e3, res[i].gflops,
+               peak > 0 ? 100 * res[i].gflops * 1e9 / peak : 0.0, res[i].gflops / res[0].gflops);
+    }
+    double load1 = pp_bench_loadavg();
+    printf("load average at the end %.2f\n", load1);
+
+    int rc = 0;
+    if (json) {
+        struct pp_json j;
+        pp_json_init(&j);
+        pp_json_begin_object(&j);
+        pp_json_key(&j, "threads");
+        pp_json_int(&j, threads);
+        pp_json_key(&j, "window_rows");
+        pp_json_int(&j, WINDOW);
+        pp_json_key(&j, "fma_peak_flops");
+        pp_json_double(&j, peak);
+        pp_json_key(&j, "load_average");
+        pp_json_begin_array(&j);
+        pp_json_double(&j, load0);
+        pp_json_double(&j, load1);
+        pp_json_end_array(&j);
+        pp_json_key(&j, "results");
+        pp_json_begin_array(&j);
+        for (int i = 0; i < n_ctx; i++) {
+            pp_json_begin_object(&j);
+            pp_json_key(&j, "context");
+            pp_json_int(&j, res[i].context);
+            pp_json_key(&j, "best_s");
+            pp_json_double(&j, res[i].best_s);
+            pp_json_key(&j, "gflops");
+            pp_json_double(&j, res[i].gflops);
+            pp_json_key(&j, "fraction_of_fma_peak");
+            pp_json_double(&j, peak > 0 ? res[i].gflops * 1e9 / peak : 0.0);
+            pp_json_key(&j, "ratio_to_first_context");
+            pp_json_double(&j, res[i].gflops / res[0].gflops);
+            pp_json_end_object(&j);
+        }
+        pp_json_end_array(&j);
+        pp_json_end_object(&j);
+        rc = pp_bench_write_json(json, "pp_bench_attn", &j) ? 1 : 0;
+        pp_json_free(&j);
+    }
+    free(q);
+    free(out);
+    free(res);
+    be->ops->free(be);
+    return rc;
+
+usage:
+    fprintf(stderr, "usage: pp_bench_attn [--threads N] [--contexts 256,512,1024,2048,4096] "
+                    "[--reps R] [--json PATH]\n  contexts: %d to %d positions each, at most %d\n",
+            WINDOW, MAX_CONTEXT, MAX_CONTEXTS);
+    return 2;
+}
