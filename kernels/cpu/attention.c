@@ -212,7 +212,7 @@ static void chunk_span(const struct qblock *qb, int64_t c, int64_t *c0, int64_t 
 
 /* Up to ATTN_ROWS consecutive rows of one sequence, with one query block's heads each: every chunk
  * that several of them see is read once for all of them (keys and values then come from L1 and
- * L2, not from further out, at long contexts). Row t sits at position last0 + t. */
+ * L2, not from further out, at long contexts). Row t sits at position qb.last + t. */
 struct qtile {
     struct qblock qb; /* row 0's block */
     int32_t nt;
@@ -310,6 +310,10 @@ static void attend_item(const struct attn_job *j, int64_t it, float *scratch)
         tl.qb = qblock_of(j, r * per + it % per);
         int64_t end = tl.qb.sq->row + tl.qb.sq->n_tokens < r1 ? tl.qb.sq->row + tl.qb.sq->n_tokens
                                                                : r1;
+        if (r < tl.qb.sq->row || end <= r) { /* a row no sequence holds: nothing to attend */
+            r++;
+            continue;
+        }
         tl.nt = j->shape->sliding_window > 0 ? 1 : (int32_t)(end - r);
         attend_tile(j, &tl, scratch);
         r += tl.nt;

@@ -95,6 +95,22 @@ static inline float pp__swiglu1(float g, float u)
     return g / (1.0f + pp__expf(-g)) * u;
 }
 
+/* The end of pp_simd.scale_max (kernels/cpu/simd.h) in every table: folds the vector loop's
+ * lanes[n_lanes] into the running max m, then scales x[i..n) and folds them, each step keeping m
+ * unless a value is greater (so NaNs are passed over); a zero max comes back as +0. */
+static inline float pp__scale_max_finish(float m, const float *lanes, int n_lanes, float *x,
+                                         float scale, int64_t i, int64_t n)
+{
+    for (int l = 0; l < n_lanes; l++)
+        m = lanes[l] > m ? lanes[l] : m;
+    for (; i < n; i++) {
+        float v = x[i] * scale;
+        x[i] = v;
+        m = v > m ? v : m;
+    }
+    return m + 0.0f;
+}
+
 /* The fixed merge of the eight lanes of a canonical dot product. */
 static inline float pp__merge8(const float l[8])
 {

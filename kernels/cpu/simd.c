@@ -59,13 +59,7 @@ static void exp_shift_portable(float *x, float shift, int64_t n)
 
 static float scale_max_portable(float *x, float scale, int64_t n)
 {
-    float m = -INFINITY;
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i] * scale;
-        x[i] = v;
-        m = v > m ? v : m;
-    }
-    return m + 0.0f; /* a zero maximum as +0, whichever zero came first */
+    return pp__scale_max_finish(-INFINITY, NULL, 0, x, scale, 0, n);
 }
 
 static void swiglu_portable(float *out, const float *gate, const float *up, int64_t n)

@@ -593,16 +593,9 @@ static float scale_max_avx2(float *x, float scale, int64_t n)
         _mm256_storeu_ps(x + i, v);
         mv = _mm256_max_ps(v, mv);
     }
-    float lanes[8], m = -INFINITY;
+    float lanes[8];
     _mm256_storeu_ps(lanes, mv);
-    for (int l = 0; l < 8; l++)
-        m = lanes[l] > m ? lanes[l] : m;
-    for (; i < n; i++) {
-        float v = x[i] * scale;
-        x[i] = v;
-        m = v > m ? v : m;
-    }
-    return m + 0.0f;
+    return pp__scale_max_finish(-INFINITY, lanes, 8, x, scale, i, n);
 }
 
 static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t n)

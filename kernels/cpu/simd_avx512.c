@@ -653,16 +653,9 @@ static float scale_max_avx512(float *x, float scale, int64_t n)
         _mm512_storeu_ps(x + i, v);
         mv = _mm512_max_ps(v, mv);
     }
-    float lanes[16], m = -INFINITY;
+    float lanes[16];
     _mm512_storeu_ps(lanes, mv);
-    for (int l = 0; l < 16; l++)
-        m = lanes[l] > m ? lanes[l] : m;
-    for (; i < n; i++) {
-        float v = x[i] * scale;
-        x[i] = v;
-        m = v > m ? v : m;
-    }
-    return m + 0.0f;
+    return pp__scale_max_finish(-INFINITY, lanes, 16, x, scale, i, n);
 }
 
 static void swiglu_avx512(float *out, const float *gate, const float *up, int64_t n)
