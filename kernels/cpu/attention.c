@@ -159,32 +159,6 @@ static inline __attribute__((always_inline)) void softmax_parts(const struct pp_
         l[q] = sum[q];
 }
 
-/* The partial softmax of one chunk for each query q of the block: m[q], l[q] and o[q][head_dim]
- * over positions [c0, c1] (at most ATTN_CHUNK of them). The scores of all the block's queries come
- * from one pass over the keys (pp_simd.dots) and the weighted sums from one pass over the values
- * (pp_simd.wsum); each score, each query's sum and each element of o still take their one order,
- * the order of one query alone. scores: ATTN_GROUP × ATTN_CHUNK floats. */
-static void attend_chunk(const struct attn_job *j, const struct qblock *qb, int64_t c0,
-                         int64_t c1, float *scores, float *m, float *l, float *o)
-{
-    const struct pp_simd *simd = j->cpu->simd;
-    const struct pp_attn_shape *sh = j->shape;
-    int32_t hd = sh->head_dim, nq = qb->nq;
-    int64_t n = c1 - c0 + 1;
-    const float *rows[ATTN_CHUNK];
-    assert(n >= 1 && n <= ATTN_CHUNK);
-    key_rows(j, qb, c0, n, rows);
-    simd->dots(scores, ATTN_CHUNK, qb->q, nq, rows, n, hd);
-    if (nq == ATTN_GROUP) /* the queries' chains in registers */
-        softmax_parts(simd, scores, n, sh->scale, m, l, ATTN_GROUP);
-    else
-        softmax_parts(simd, scores, n, sh->scale, m, l, nq);
-    for (int64_t i = 0; i < n; i++)
-        rows[i] += j->kv->block_elems; /* a position's V row follows its K row by one K block */
-    memset(o, 0, (size_t)nq * (size_t)hd * sizeof(float));
-    simd->wsum(o, scores, ATTN_CHUNK, nq, rows, n, hd);
-}
-
 /* Folds chunk partial (m, l, o) into the running (M, L, O), in increasing chunk order. */
 static void merge_chunk(float *M, float *L, float *O, float m, float l, const float *o, int32_t hd)
 {
@@ -227,59 +201,74 @@ static void tile_chunk_span(const struct qtile *tl, int32_t t, int64_t c, int64_
     chunk_span(&qb, c, c0, c1);
 }
 
-/* The tile's rows through their chunks in order, each (row, query) as attend_chunk and merge_chunk
- * would take it alone: its scores from pp_simd.dots (whose bits do not depend on the other
+/* The partial softmax of chunk c for each (row t, query q) of the tile whose row reaches it, rows
+ * t0 onwards (returned; they are the last ones, as positions grow with t): m and l at t · nq + q,
+ * o at (t · nq + q) · head_dim, over the row's positions in the chunk, each as the one query
+ * alone would compute it: its scores from pp_simd.dots (whose bits do not depend on the other
  * queries or rows in the call), its softmax parts over its own positions, and its weighted sum
- * over its own rows in order (the rows all of the tile's rows see in one wsum, then each row's
- * further ones). Scratch: scores [ATTN_ROWS · ATTN_GROUP][ATTN_CHUNK], then o and the packed
- * queries, [ATTN_ROWS · ATTN_GROUP][head_dim] each. */
-static void attend_tile(const struct attn_job *j, const struct qtile *tl, float *scratch)
+ * over its own rows in order (the rows all reaching rows see in one wsum, then each row's further
+ * ones). qp: the tile's queries, row after row (nq · head_dim each); scores:
+ * [nt · nq][ATTN_CHUNK]. */
+static inline __attribute__((always_inline)) int32_t tile_chunk(const struct attn_job *j,
+                                                                 const struct qtile *tl, int64_t c,
+                                                                 const float *qp, float *scores,
+                                                                 float *m, float *l, float *o)
 {
     const struct pp_simd *simd = j->cpu->simd;
     const struct pp_attn_shape *sh = j->shape;
+    int32_t hd = sh->head_dim, nq = tl->qb.nq, nt = tl->nt, t0 = nt;
+    int64_t qs = (int64_t)nq * hd, c0 = 0, n[ATTN_ROWS];
+    for (int32_t t = nt - 1; t >= 0; t--) {
+        int64_t a0, a1;
+        tile_chunk_span(tl, t, c, &a0, &a1);
+        if (a1 < a0)
+            break;
+        assert((t0 == nt || a0 == c0) && a1 - a0 + 1 <= ATTN_CHUNK);
+        c0 = a0;
+        n[t] = a1 - a0 + 1;
+        t0 = t;
+    }
+    assert(t0 < nt);
+    const float *rows[ATTN_CHUNK];
+    int64_t g = (int64_t)(nt - t0) * nq;
+    key_rows(j, &tl->qb, c0, n[nt - 1], rows);
+    simd->dots(scores + t0 * nq * ATTN_CHUNK, ATTN_CHUNK, qp + t0 * qs, g, rows, n[nt - 1], hd);
+    for (int32_t t = t0; t < nt; t++) {
+        float *sc = scores + t * nq * ATTN_CHUNK;
+        if (nq == ATTN_GROUP) /* the queries' chains in registers */
+            softmax_parts(simd, sc, n[t], sh->scale, m + t * nq, l + t * nq, ATTN_GROUP);
+        else
+            softmax_parts(simd, sc, n[t], sh->scale, m + t * nq, l + t * nq, nq);
+    }
+    for (int64_t i = 0; i < n[nt - 1]; i++)
+        rows[i] += j->kv->block_elems; /* a position's V row follows its K row by one K block */
+    memset(o + t0 * qs, 0, (size_t)(g * hd) * sizeof(float));
+    simd->wsum(o + t0 * qs, scores + t0 * nq * ATTN_CHUNK, ATTN_CHUNK, g, rows, n[t0], hd);
+    for (int32_t t = t0 + 1; t < nt; t++)
+        if (n[t] > n[t0])
+            simd->wsum(o + t * qs, scores + t * nq * ATTN_CHUNK + n[t0], ATTN_CHUNK, nq,
+                       rows + n[t0], n[t] - n[t0], hd);
+    return t0;
+}
+
+/* The tile's rows through their chunks in order (tile_chunk), each chunk's partials merged into
+ * the running state in order. Scratch: scores [ATTN_ROWS · ATTN_GROUP][ATTN_CHUNK], then o and
+ * the packed queries, [ATTN_ROWS · ATTN_GROUP][head_dim] each. */
+static void attend_tile(const struct attn_job *j, const struct qtile *tl, float *scratch)
+{
     const struct qblock *qb = &tl->qb;
-    int32_t hd = sh->head_dim, nq = qb->nq, nt = tl->nt;
-    int64_t q_dim = (int64_t)sh->n_heads * hd, qs = (int64_t)nq * hd;
+    int32_t hd = j->shape->head_dim, nq = qb->nq, nt = tl->nt;
+    int64_t q_dim = (int64_t)j->shape->n_heads * hd, qs = (int64_t)nq * hd;
     float *scores = scratch, *o = scratch + ATTN_ROWS * ATTN_GROUP * ATTN_CHUNK;
     float *qp = o + (int64_t)ATTN_ROWS * ATTN_GROUP * hd;
     float M[ATTN_ROWS * ATTN_GROUP], L[ATTN_ROWS * ATTN_GROUP];
     float m[ATTN_ROWS * ATTN_GROUP], l[ATTN_ROWS * ATTN_GROUP];
-    const float *rows[ATTN_CHUNK];
     assert(nt >= 1 && nt <= ATTN_ROWS && (nt == 1 || qb->first == 0));
     for (int32_t t = 0; t < nt; t++)
         memcpy(qp + t * qs, qb->q + t * q_dim, (size_t)qs * sizeof(float));
     int64_t c_first = qb->first / ATTN_CHUNK, c_last = (qb->last + nt - 1) / ATTN_CHUNK;
     for (int64_t c = c_first; c <= c_last; c++) {
-        /* the rows that reach chunk c: t0 onwards, n[t] positions each from c0 */
-        int32_t t0 = 0;
-        int64_t c0 = 0, c1, n[ATTN_ROWS];
-        while (tile_chunk_span(tl, t0, c, &c0, &c1), c1 < c0)
-            t0++;
-        for (int32_t t = t0; t < nt; t++) {
-            int64_t a0;
-            tile_chunk_span(tl, t, c, &a0, &c1);
-            assert(a0 == c0 && c1 - c0 + 1 <= ATTN_CHUNK);
-            n[t] = c1 - c0 + 1;
-        }
-        int64_t g = (int64_t)(nt - t0) * nq;
-        key_rows(j, qb, c0, n[nt - 1], rows);
-        simd->dots(scores + t0 * nq * ATTN_CHUNK, ATTN_CHUNK, qp + t0 * qs, g, rows, n[nt - 1],
-                   hd);
-        for (int32_t t = t0; t < nt; t++) {
-            float *sc = scores + t * nq * ATTN_CHUNK;
-            if (nq == ATTN_GROUP) /* the queries' chains in registers */
-                softmax_parts(simd, sc, n[t], sh->scale, m + t * nq, l + t * nq, ATTN_GROUP);
-            else
-                softmax_parts(simd, sc, n[t], sh->scale, m + t * nq, l + t * nq, nq);
-        }
-        for (int64_t i = 0; i < n[nt - 1]; i++)
-            rows[i] += j->kv->block_elems; /* a position's V row follows its K row by one block */
-        memset(o + t0 * qs, 0, (size_t)(g * hd) * sizeof(float));
-        simd->wsum(o + t0 * qs, scores + t0 * nq * ATTN_CHUNK, ATTN_CHUNK, g, rows, n[t0], hd);
-        for (int32_t t = t0 + 1; t < nt; t++)
-            if (n[t] > n[t0])
-                simd->wsum(o + t * qs, scores + t * nq * ATTN_CHUNK + n[t0], ATTN_CHUNK, nq,
-                           rows + n[t0], n[t] - n[t0], hd);
+        int32_t t0 = tile_chunk(j, tl, c, qp, scores, m, l, o);
         for (int32_t t = t0; t < nt; t++)
             for (int32_t q = 0; q < nq; q++) {
                 int32_t k = t * nq + q;
@@ -348,10 +337,9 @@ static void attn_chunk_items(void *ctx, int64_t begin, int64_t end, int thread)
         int64_t c = qb.first / ATTN_CHUNK + ci;
         if (c > qb.last / ATTN_CHUNK)
             continue;
-        int64_t c0, c1;
-        chunk_span(&qb, c, &c0, &c1);
+        struct qtile tl = {qb, 1};
         float m[ATTN_GROUP], l[ATTN_GROUP];
-        attend_chunk(j, &qb, c0, c1, scores, m, l, o);
+        tile_chunk(j, &tl, c, qb.q, scores, m, l, o); /* a row's heads are side by side */
         for (int32_t q = 0; q < qb.nq; q++) {
             float *part = part_of(j, qb.row, qb.h0 + q, ci);
             part[0] = m[q];

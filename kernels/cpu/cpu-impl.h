@@ -96,11 +96,12 @@ static inline float pp__swiglu1(float g, float u)
 }
 
 /* The end of pp_simd.scale_max (kernels/cpu/simd.h) in every table: folds the vector loop's
- * lanes[n_lanes] into the running max m, then scales x[i..n) and folds them, each step keeping m
- * unless a value is greater (so NaNs are passed over); a zero max comes back as +0. */
-static inline float pp__scale_max_finish(float m, const float *lanes, int n_lanes, float *x,
-                                         float scale, int64_t i, int64_t n)
+ * lanes[n_lanes] into a max from -inf, then scales x[i..n) and folds them, each step keeping the
+ * max unless a value is greater (so NaNs are passed over); a zero max comes back as +0. */
+static inline float pp__scale_max_finish(const float *lanes, int n_lanes, float *x, float scale,
+                                         int64_t i, int64_t n)
 {
+    float m = -INFINITY;
     for (int l = 0; l < n_lanes; l++)
         m = lanes[l] > m ? lanes[l] : m;
     for (; i < n; i++) {

@@ -59,7 +59,7 @@ static void exp_shift_portable(float *x, float shift, int64_t n)
 
 static float scale_max_portable(float *x, float scale, int64_t n)
 {
-    return pp__scale_max_finish(-INFINITY, NULL, 0, x, scale, 0, n);
+    return pp__scale_max_finish(NULL, 0, x, scale, 0, n);
 }
 
 static void swiglu_portable(float *out, const float *gate, const float *up, int64_t n)

@@ -595,7 +595,7 @@ static float scale_max_avx2(float *x, float scale, int64_t n)
     }
     float lanes[8];
     _mm256_storeu_ps(lanes, mv);
-    return pp__scale_max_finish(-INFINITY, lanes, 8, x, scale, i, n);
+    return pp__scale_max_finish(lanes, 8, x, scale, i, n);
 }
 
 static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t n)

@@ -655,7 +655,7 @@ static float scale_max_avx512(float *x, float scale, int64_t n)
     }
     float lanes[16];
     _mm512_storeu_ps(lanes, mv);
-    return pp__scale_max_finish(-INFINITY, lanes, 16, x, scale, i, n);
+    return pp__scale_max_finish(lanes, 16, x, scale, i, n);
 }
 
 static void swiglu_avx512(float *out, const float *gate, const float *up, int64_t n)
