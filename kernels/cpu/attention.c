@@ -10,11 +10,15 @@
  * they go together, up to ATTN_GROUP at a time (a query block); so do up to ATTN_ROWS consecutive
  * tokens of one sequence (a tile), which see the same keys up to the earliest one's position.
  * One pass over a chunk's keys gives all their scores and one pass over its values all their
- * weighted sums, each still computed in the one query's order. Normally one thread runs all of a
- * tile's chunks, threads taking tiles from a shared counter (a prompt's later tokens cost more);
- * when a batch has too few blocks to keep the threads busy (decode of one sequence over a long
- * context), chunks become the work items and a second pass merges them — the same arithmetic in
- * the same order, so the same bits. */
+ * weighted sums, each still computed in the one query's order. A work item takes a tile's chunk
+ * for every KV head in turn, so that one thread reads each position's whole K and V rows (all
+ * heads side by side in the cache) at once: a head's slice alone is a quarter of a row or less,
+ * and the lines around it, which the hardware prefetcher brings in as well, would be gone by
+ * the time the head owning them came. Normally one thread runs all of a tile's chunks, threads
+ * taking tiles from a shared counter (a prompt's later tokens cost more); when a batch has too
+ * few tiles to keep the threads busy (decode of a few sequences over long contexts), chunks
+ * become the work items and a second pass merges them — the same arithmetic in the same order,
+ * so the same bits. */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
@@ -251,70 +255,132 @@ static inline __attribute__((always_inline)) int32_t tile_chunk(const struct att
     return t0;
 }
 
-/* The tile's rows through their chunks in order (tile_chunk), each chunk's partials merged into
- * the running state in order. Scratch: scores [ATTN_ROWS · ATTN_GROUP][ATTN_CHUNK], then o and
- * the packed queries, [ATTN_ROWS · ATTN_GROUP][head_dim] each. */
-static void attend_tile(const struct attn_job *j, const struct qtile *tl, float *scratch)
+/* Where a tile of nt rows starting at batch row `row` keeps its state in a thread's scratch: the
+ * running max M and sum L of (row t, head h) at t · n_heads + h; a chunk's scores
+ * [ATTN_ROWS · ATTN_GROUP][ATTN_CHUNK] and weighted sums o [ATTN_ROWS · ATTN_GROUP][head_dim] for
+ * one query block; and the tile's queries, query block after query block, each block's rows one
+ * after another (nq · head_dim each), as tile_chunk takes them. */
+struct tile_scratch {
+    float *M, *L, *scores, *o, *qp;
+};
+
+static struct tile_scratch tile_scratch(const struct attn_job *j, float *scratch)
 {
-    const struct qblock *qb = &tl->qb;
-    int32_t hd = j->shape->head_dim, nq = qb->nq, nt = tl->nt;
-    int64_t q_dim = (int64_t)j->shape->n_heads * hd, qs = (int64_t)nq * hd;
-    float *scores = scratch, *o = scratch + ATTN_ROWS * ATTN_GROUP * ATTN_CHUNK;
-    float *qp = o + (int64_t)ATTN_ROWS * ATTN_GROUP * hd;
-    float M[ATTN_ROWS * ATTN_GROUP], L[ATTN_ROWS * ATTN_GROUP];
+    const struct pp_attn_shape *sh = j->shape;
+    struct tile_scratch ts;
+    ts.M = scratch;
+    ts.L = ts.M + ATTN_ROWS * sh->n_heads;
+    ts.scores = ts.L + ATTN_ROWS * sh->n_heads;
+    ts.o = ts.scores + ATTN_ROWS * ATTN_GROUP * ATTN_CHUNK;
+    ts.qp = ts.o + (int64_t)ATTN_ROWS * ATTN_GROUP * sh->head_dim;
+    return ts;
+}
+
+/* The tile of nt rows from batch row `row` for query block bl (KV head, then block) of its row. */
+static struct qtile tile_of(const struct attn_job *j, int64_t row, int32_t nt, int64_t bl)
+{
+    struct qtile tl;
+    tl.qb = qblock_of(j, row * j->shape->n_kv_heads * j->blocks + bl);
+    tl.nt = nt;
+    return tl;
+}
+
+/* The tile's queries for query block tl: in place for one row, else packed from ts.qp (filled by
+ * pack_tile). */
+static const float *tile_queries(const struct attn_job *j, const struct qtile *tl,
+                                 const struct tile_scratch *ts)
+{
+    if (tl->nt == 1)
+        return tl->qb.q;
+    return ts->qp + (int64_t)tl->nt * tl->qb.h0 * j->shape->head_dim;
+}
+
+/* Packs the queries of a tile of nt rows from batch row `row` into ts.qp, block by block. */
+static void pack_tile(const struct attn_job *j, int64_t row, int32_t nt,
+                      const struct tile_scratch *ts)
+{
+    const struct pp_attn_shape *sh = j->shape;
+    int64_t q_dim = (int64_t)sh->n_heads * sh->head_dim;
+    if (nt == 1)
+        return;
+    for (int64_t bl = 0; bl < (int64_t)sh->n_kv_heads * j->blocks; bl++) {
+        struct qtile tl = tile_of(j, row, nt, bl);
+        int64_t qs = (int64_t)tl.qb.nq * sh->head_dim;
+        float *qp = ts->qp + (int64_t)nt * tl.qb.h0 * sh->head_dim;
+        for (int32_t t = 0; t < nt; t++)
+            memcpy(qp + t * qs, tl.qb.q + t * q_dim, (size_t)qs * sizeof(float));
+    }
+}
+
+/* The tile's rows through their chunks in order, each chunk for every query block in turn
+ * (tile_chunk), its partials merged into that block's running state in order. */
+static void attend_tile(const struct attn_job *j, int64_t row, int32_t nt, float *scratch)
+{
+    const struct pp_attn_shape *sh = j->shape;
+    int32_t hd = sh->head_dim;
+    int64_t q_dim = (int64_t)sh->n_heads * hd, n_bl = (int64_t)sh->n_kv_heads * j->blocks;
+    struct tile_scratch ts = tile_scratch(j, scratch);
     float m[ATTN_ROWS * ATTN_GROUP], l[ATTN_ROWS * ATTN_GROUP];
-    assert(nt >= 1 && nt <= ATTN_ROWS && (nt == 1 || qb->first == 0));
-    for (int32_t t = 0; t < nt; t++)
-        memcpy(qp + t * qs, qb->q + t * q_dim, (size_t)qs * sizeof(float));
-    int64_t c_first = qb->first / ATTN_CHUNK, c_last = (qb->last + nt - 1) / ATTN_CHUNK;
-    for (int64_t c = c_first; c <= c_last; c++) {
-        int32_t t0 = tile_chunk(j, tl, c, qp, scores, m, l, o);
-        for (int32_t t = t0; t < nt; t++)
-            for (int32_t q = 0; q < nq; q++) {
-                int32_t k = t * nq + q;
-                float *out = qb->out + t * q_dim + q * hd;
-                if (c == c_first) { /* the first chunk is the running state */
-                    M[k] = m[k];
-                    L[k] = l[k];
-                    memcpy(out, o + k * hd, (size_t)hd * sizeof(float));
-                } else {
-                    merge_chunk(&M[k], &L[k], out, m[k], l[k], o + k * hd, hd);
+    pack_tile(j, row, nt, &ts);
+    struct qtile t0l = tile_of(j, row, nt, 0);
+    assert(nt >= 1 && nt <= ATTN_ROWS && (nt == 1 || t0l.qb.first == 0));
+    /* every block of a row sees the same positions */
+    int64_t c_first = t0l.qb.first / ATTN_CHUNK, c_last = (t0l.qb.last + nt - 1) / ATTN_CHUNK;
+    for (int64_t c = c_first; c <= c_last; c++)
+        for (int64_t bl = 0; bl < n_bl; bl++) {
+            struct qtile tl = tile_of(j, row, nt, bl);
+            const struct qblock *qb = &tl.qb;
+            int32_t nq = qb->nq;
+            int32_t t0 = tile_chunk(j, &tl, c, tile_queries(j, &tl, &ts), ts.scores, m, l, ts.o);
+            for (int32_t t = t0; t < nt; t++)
+                for (int32_t q = 0; q < nq; q++) {
+                    int32_t k = t * nq + q;
+                    int64_t s = (int64_t)t * sh->n_heads + qb->h0 + q;
+                    float *out = qb->out + t * q_dim + q * hd;
+                    if (c == c_first) { /* the first chunk is the running state */
+                        ts.M[s] = m[k];
+                        ts.L[s] = l[k];
+                        memcpy(out, ts.o + k * hd, (size_t)hd * sizeof(float));
+                    } else {
+                        merge_chunk(&ts.M[s], &ts.L[s], out, m[k], l[k], ts.o + k * hd, hd);
+                    }
                 }
-            }
-    }
-    for (int32_t t = 0; t < nt; t++)
-        for (int32_t q = 0; q < nq; q++)
-            finish(qb->out + t * q_dim + q * hd, L[t * nq + q], qb->out + t * q_dim + q * hd, hd);
-}
-
-/* Item it of the job: rows [it / per · ATTN_ROWS, + ATTN_ROWS) of the batch (per = KV heads ·
- * blocks), KV head and block from it % per; each sequence's share of those rows is one tile (a
- * row alone under a sliding window, whose rows start their chunks apart). */
-static void attend_item(const struct attn_job *j, int64_t it, float *scratch)
-{
-    int64_t per = (int64_t)j->shape->n_kv_heads * j->blocks;
-    int64_t r0 = it / per * ATTN_ROWS, r1 = r0 + ATTN_ROWS < j->n_rows ? r0 + ATTN_ROWS : j->n_rows;
-    for (int64_t r = r0; r < r1;) {
-        struct qtile tl;
-        tl.qb = qblock_of(j, r * per + it % per);
-        int64_t end = tl.qb.sq->row + tl.qb.sq->n_tokens < r1 ? tl.qb.sq->row + tl.qb.sq->n_tokens
-                                                               : r1;
-        if (r < tl.qb.sq->row || end <= r) { /* a row no sequence holds: nothing to attend */
-            r++;
-            continue;
         }
-        tl.nt = j->shape->sliding_window > 0 ? 1 : (int32_t)(end - r);
-        attend_tile(j, &tl, scratch);
-        r += tl.nt;
-    }
+    for (int32_t t = 0; t < nt; t++)
+        for (int32_t h = 0; h < sh->n_heads; h++) {
+            float *out = j->out + (row + t) * q_dim + (int64_t)h * hd;
+            finish(out, ts.L[t * sh->n_heads + h], out, hd);
+        }
 }
 
+/* The tile that starts at batch row `row`: its rows (0 when the row starts none). A sequence's
+ * rows go in tiles of ATTN_ROWS from its first (one row each under a sliding window, whose rows
+ * start their chunks apart). */
+static int32_t tile_at(const struct attn_job *j, int64_t row)
+{
+    const struct pp_attn_seq *sq = seq_of_row(j, row);
+    int64_t in = row - sq->row, left = sq->n_tokens - in;
+    if (in < 0 || left <= 0) /* a row no sequence holds: nothing to attend */
+        return 0;
+    if (j->shape->sliding_window > 0)
+        return 1;
+    if (in % ATTN_ROWS)
+        return 0;
+    return left < ATTN_ROWS ? (int32_t)left : ATTN_ROWS;
+}
+
+/* Items: batch rows, the last first; a row that starts a tile runs it. A sequence's later tiles
+ * see more positions, and taking them first leaves the cheap ones to even out the threads' ends. */
 static void attn_items(void *ctx, int64_t begin, int64_t end, int thread)
 {
     struct attn_job *j = ctx;
     float *scratch = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_SCORES, thread);
-    for (int64_t it = begin; it < end; it++)
-        attend_item(j, it, scratch);
+    for (int64_t it = begin; it < end; it++) {
+        int64_t row = j->n_rows - 1 - it;
+        int32_t nt = tile_at(j, row);
+        if (nt > 0)
+            attend_tile(j, row, nt, scratch);
+    }
 }
 
 /* Split mode: a query's partials by query index (row · heads + head) and chunk. */
@@ -324,27 +390,43 @@ static float *part_of(const struct attn_job *j, int64_t row, int32_t h, int64_t 
     return j->parts + (qi * j->max_chunks + ci) * (j->shape->head_dim + 2);
 }
 
-/* Split mode, pass 1: item = (query block, chunk) → its queries' partials in j->parts. */
+/* Split mode, pass 1: item = (batch row, chunk) → when the row starts a tile, the partials of the
+ * tile's queries in that chunk, every query block in turn, in j->parts. */
 static void attn_chunk_items(void *ctx, int64_t begin, int64_t end, int thread)
 {
     struct attn_job *j = ctx;
-    int32_t hd = j->shape->head_dim;
-    float *scores = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_SCORES, thread);
-    float *o = scores + ATTN_GROUP * ATTN_CHUNK;
+    const struct pp_attn_shape *sh = j->shape;
+    int32_t hd = sh->head_dim;
+    int64_t n_bl = (int64_t)sh->n_kv_heads * j->blocks;
+    float *scratch = pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_SCORES, thread);
+    struct tile_scratch ts = tile_scratch(j, scratch);
+    float m[ATTN_ROWS * ATTN_GROUP], l[ATTN_ROWS * ATTN_GROUP];
+    int64_t packed = -1; /* the row whose tile ts.qp holds */
     for (int64_t it = begin; it < end; it++) {
-        int64_t bi = it / j->max_chunks, ci = it % j->max_chunks;
-        struct qblock qb = qblock_of(j, bi);
-        int64_t c = qb.first / ATTN_CHUNK + ci;
-        if (c > qb.last / ATTN_CHUNK)
+        int64_t row = it / j->max_chunks, ci = it % j->max_chunks;
+        int32_t nt = tile_at(j, row);
+        if (nt == 0)
             continue;
-        struct qtile tl = {qb, 1};
-        float m[ATTN_GROUP], l[ATTN_GROUP];
-        tile_chunk(j, &tl, c, qb.q, scores, m, l, o); /* a row's heads are side by side */
-        for (int32_t q = 0; q < qb.nq; q++) {
-            float *part = part_of(j, qb.row, qb.h0 + q, ci);
-            part[0] = m[q];
-            part[1] = l[q];
-            memcpy(part + 2, o + q * hd, (size_t)hd * sizeof(float));
+        struct qtile t0l = tile_of(j, row, nt, 0);
+        int64_t c = t0l.qb.first / ATTN_CHUNK + ci;
+        if (c > (t0l.qb.last + nt - 1) / ATTN_CHUNK)
+            continue;
+        if (packed != row) {
+            pack_tile(j, row, nt, &ts);
+            packed = row;
+        }
+        for (int64_t bl = 0; bl < n_bl; bl++) {
+            struct qtile tl = tile_of(j, row, nt, bl);
+            int32_t nq = tl.qb.nq;
+            int32_t t0 = tile_chunk(j, &tl, c, tile_queries(j, &tl, &ts), ts.scores, m, l, ts.o);
+            for (int32_t t = t0; t < nt; t++)
+                for (int32_t q = 0; q < nq; q++) {
+                    int32_t k = t * nq + q;
+                    float *part = part_of(j, row + t, tl.qb.h0 + q, ci);
+                    part[0] = m[k];
+                    part[1] = l[k];
+                    memcpy(part + 2, ts.o + k * hd, (size_t)hd * sizeof(float));
+                }
         }
     }
 }
@@ -362,6 +444,8 @@ static void attn_merge_items(void *ctx, int64_t begin, int64_t end, int thread)
         /* the block holding head h gives the query's positions */
         int64_t b = (row * sh->n_kv_heads + h / j->group) * j->blocks + h % j->group / ATTN_GROUP;
         struct qblock qb = qblock_of(j, b);
+        if (qb.row < qb.sq->row || qb.row >= qb.sq->row + qb.sq->n_tokens)
+            continue; /* a row no sequence holds */
         float *out = qb.out + (int64_t)(h - qb.h0) * hd;
         int64_t n_chunks = qb.last / ATTN_CHUNK - qb.first / ATTN_CHUNK + 1;
         const float *p0 = part_of(j, row, h, 0);
@@ -377,7 +461,9 @@ static void attn_merge_items(void *ctx, int64_t begin, int64_t end, int thread)
 
 int64_t pp__cpu_attn_scratch(int64_t max_cols)
 {
-    return (int64_t)ATTN_ROWS * ATTN_GROUP * (ATTN_CHUNK + 2 * max_cols);
+    /* M and L, scores, o and the packed queries (tile_scratch); head_dim, n_heads and n_heads ·
+     * head_dim are all at most max_cols */
+    return (int64_t)ATTN_ROWS * (2 * max_cols + ATTN_GROUP * (ATTN_CHUNK + max_cols) + max_cols);
 }
 
 int64_t pp__cpu_attn_parts(int64_t max_cols, int64_t max_context)
@@ -386,38 +472,48 @@ int64_t pp__cpu_attn_parts(int64_t max_cols, int64_t max_context)
     return (int64_t)SPLIT_BELOW * chunks * (max_cols + 2);
 }
 
+/* Work items taken at a time from the shared counter: at most ATTN_GRAIN, and few enough that
+ * every thread gets some (the pool runs a job of no more items than the grain on one thread). */
+static int64_t grain_for(int64_t n_items, int n_threads)
+{
+    int64_t g = n_items / n_threads;
+    return g < 1 ? 1 : g > ATTN_GRAIN ? ATTN_GRAIN : g;
+}
+
 void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
                        const struct pp_kv_view *kv, int32_t layer, const struct pp_attn_seq *seqs,
                        int32_t n_seqs, const struct pp_attn_shape *shape)
 {
     struct pp_cpu *c = pp__cpu(be);
-    int64_t n_rows = 0, max_len = 0;
+    int64_t n_rows = 0, max_len = 0, n_tiles = 0;
     for (int32_t s = 0; s < n_seqs; s++) {
         assert(s == 0 || seqs[s].row >= seqs[s - 1].row + seqs[s - 1].n_tokens);
         assert(seqs[s].pos + seqs[s].n_tokens <= c->max_context);
         n_rows = seqs[s].row + seqs[s].n_tokens;
         if (seqs[s].pos + seqs[s].n_tokens > max_len)
             max_len = seqs[s].pos + seqs[s].n_tokens;
+        n_tiles += shape->sliding_window > 0 ? seqs[s].n_tokens
+                                             : (seqs[s].n_tokens + ATTN_ROWS - 1) / ATTN_ROWS;
     }
-    assert(shape->head_dim <= c->max_cols);
+    assert((int64_t)shape->n_heads * shape->head_dim <= c->max_cols);
     struct attn_job j = {c, out, q, kv, layer, seqs, n_seqs, shape, 0, 0, n_rows, 0, NULL};
     assert(shape->n_kv_heads >= 1 && shape->n_heads % shape->n_kv_heads == 0);
     j.group = shape->n_heads / shape->n_kv_heads;
     j.blocks = (j.group + ATTN_GROUP - 1) / ATTN_GROUP;
     int64_t n_queries = n_rows * shape->n_heads;
-    int64_t n_blocks = n_rows * shape->n_kv_heads * j.blocks;
     int64_t span = shape->sliding_window > 0 && shape->sliding_window < max_len
                        ? shape->sliding_window : max_len;
     j.max_chunks = (span + ATTN_CHUNK - 2) / ATTN_CHUNK + 1; /* a window may straddle one more */
     /* either mode gives the same bits: split only where the partials fit the scratch */
-    if (c->n_threads > 1 && n_blocks < (int64_t)SPLIT_BELOW * c->n_threads && j.max_chunks > 1 &&
+    if (c->n_threads > 1 && n_tiles < (int64_t)SPLIT_BELOW * c->n_threads && j.max_chunks > 1 &&
         n_queries * j.max_chunks * (shape->head_dim + 2) <=
             c->n_threads * c->cap[PP_CPU_SCRATCH_PARTS]) {
         j.parts = c->scratch[PP_CPU_SCRATCH_PARTS];
-        pp_threadpool_run(c->pool, attn_chunk_items, &j, n_blocks * j.max_chunks, 1);
+        int64_t n_items = n_rows * j.max_chunks;
+        pp_threadpool_run_dynamic(c->pool, attn_chunk_items, &j, n_items,
+                                  grain_for(n_items, c->n_threads), 1);
         pp_threadpool_run(c->pool, attn_merge_items, &j, n_queries, 1);
         return;
     }
-    int64_t n_items = (n_rows + ATTN_ROWS - 1) / ATTN_ROWS * shape->n_kv_heads * j.blocks;
-    pp_threadpool_run_dynamic(c->pool, attn_items, &j, n_items, ATTN_GRAIN, 1);
+    pp_threadpool_run_dynamic(c->pool, attn_items, &j, n_rows, grain_for(n_rows, c->n_threads), 1);
 }
