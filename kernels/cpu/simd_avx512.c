@@ -435,6 +435,12 @@ static void pack_avx512(float *panel, const struct pp_mm_args *a, int64_t r, int
 
 /* Head dims up to this take the zmm tiles below (their queries are repacked on the stack). */
 #define ZATTN_MAX_DIM 256
+/* Rows ahead whose keys (dots) and values (wsum) the first four queries' pass asks for: at
+ * decode the rows come from memory, and demand loads alone kept too few lines in flight (a batch
+ * of 8 sequences at 2048 positions, 2 threads, read K and V at 13.5 GB/s without, 16.9 with;
+ * pp_bench_attn --decode 8 on the Xeon host). The later queries find them in L1 or L2. */
+#define ZDOTS_PREFETCH_ROWS 32
+#define ZWSUM_PREFETCH_ROWS 16
 
 /* The AVX2 table's dots, for what the tiles leave over. */
 static pp_dots_fn avx2_dots;
@@ -462,7 +468,7 @@ AI __m512 merge8x16(const __m512 v[8])
  * key row's eight elements go to both halves, so one FMA advances two queries' chains. Every
  * chain is pp__dot's; out[q * ldo + r] for query q and row r. */
 AI void zdots_4x8(float *out, int64_t ldo, const float *qp, int64_t steps, const float *const *b,
-                  int64_t n, __m256i mk)
+                  int64_t n, __m256i mk, const float *const *pf)
 {
     __m512 acc[2][8];
     _Pragma("GCC unroll 2")
@@ -478,6 +484,11 @@ AI void zdots_4x8(float *out, int64_t ldo, const float *qp, int64_t steps, const
     int64_t full = n & ~(int64_t)7, s = 0;
     for (int64_t k = 0; k < full; k += 8, s++) {
         __m512 p0 = _mm512_loadu_ps(qp + s * 16), p1 = _mm512_loadu_ps(q1 + s * 16);
+        if (pf && (k & 15) == 0) { /* a line of each of the rows pf every other step */
+            _Pragma("GCC unroll 8")
+            for (int r = 0; r < 8; r++)
+                _mm_prefetch((const char *)(pf[r] + k), _MM_HINT_T0);
+        }
         _Pragma("GCC unroll 8")
         for (int r = 0; r < 8; r++) {
             __m512 kv = dup8(rows[r] + k);
@@ -529,8 +540,11 @@ static void dots_avx512(float *out, int64_t ldo, const float *a, int64_t g, cons
                                          _mm256_maskload_ps(aq + (2 * p + 1) * n + s * 8, ms), 1));
                 }
             int64_t i = 0;
-            for (; i + 8 <= m; i += 8)
-                zdots_4x8(out + q * ldo + i, ldo, qp, steps, b + i, n, mk);
+            for (; i + 8 <= m; i += 8) {
+                int ahead = q == 0 && i + ZDOTS_PREFETCH_ROWS + 8 <= m;
+                zdots_4x8(out + q * ldo + i, ldo, qp, steps, b + i, n, mk,
+                          ahead ? b + i + ZDOTS_PREFETCH_ROWS : NULL);
+            }
             if (i < m)
                 avx2_dots(out + q * ldo + i, ldo, aq, 4, b + i, m - i, n);
         }
@@ -542,7 +556,7 @@ static void dots_avx512(float *out, int64_t ldo, const float *a, int64_t g, cons
 /* NQ queries × NV zmm of y from j (the last one masked to mk), every row passing once: NQ · NV
  * chains in registers, each row's vectors loaded once for the NQ queries. */
 AI void zwsum_tile(float *y, const float *w, int64_t ldw, const float *const *x, int64_t m,
-                   int64_t n, int64_t j, __mmask16 mk, int NQ, int NV)
+                   int64_t n, int64_t j, __mmask16 mk, int64_t pf, int NQ, int NV)
 {
     __m512 acc[4][4];
     _Pragma("GCC unroll 4")
@@ -553,6 +567,11 @@ AI void zwsum_tile(float *y, const float *w, int64_t ldw, const float *const *x,
                                               y + q * n + j + 16 * v);
     for (int64_t i = 0; i < m; i++) {
         const float *xi = x[i] + j;
+        if (pf && i + pf < m) { /* the vectors of row i + pf */
+            _Pragma("GCC unroll 4")
+            for (int v = 0; v < NV; v++)
+                _mm_prefetch((const char *)(x[i + pf] + j + 16 * v), _MM_HINT_T0);
+        }
         __m512 xv[4];
         _Pragma("GCC unroll 4")
         for (int v = 0; v < NV; v++)
@@ -576,30 +595,30 @@ AI void zwsum_tile(float *y, const float *w, int64_t ldw, const float *const *x,
 #define ZWSUM(nq, nv)                                                                              \
     __attribute__((noinline)) static void zwsum_##nq##_##nv(                                      \
         float *y, const float *w, int64_t ldw, const float *const *x, int64_t m, int64_t n,       \
-        int64_t j, __mmask16 mk)                                                                   \
+        int64_t j, __mmask16 mk, int64_t pf)                                                       \
     {                                                                                              \
-        zwsum_tile(y, w, ldw, x, m, n, j, mk, nq, nv);                                             \
+        zwsum_tile(y, w, ldw, x, m, n, j, mk, pf, nq, nv);                                         \
     }
 ZWSUM(1, 1) ZWSUM(2, 1) ZWSUM(3, 1) ZWSUM(4, 1) ZWSUM(1, 4) ZWSUM(2, 4) ZWSUM(3, 4) ZWSUM(4, 4)
 typedef void (*zwsum_fn)(float *, const float *, int64_t, const float *const *, int64_t, int64_t,
-                         int64_t, __mmask16);
+                         int64_t, __mmask16, int64_t);
 /* [NV == 4][NQ] */
 static const zwsum_fn zwsums[2][5] = {{NULL, zwsum_1_1, zwsum_2_1, zwsum_3_1, zwsum_4_1},
                                       {NULL, zwsum_1_4, zwsum_2_4, zwsum_3_4, zwsum_4_4}};
 
 /* Queries in fours × 64 elements (16 chains, each row's four vectors read once per four queries),
- * then 16 at a time, the last masked. */
+ * then 16 at a time, the last masked; the first four queries' pass asks for the rows ahead. */
 static void wsum_avx512(float *y, const float *w, int64_t ldw, int64_t g, const float *const *x,
                         int64_t m, int64_t n)
 {
     for (int64_t q = 0; q < g; q += 4) {
         int nq = g - q < 4 ? (int)(g - q) : 4;
-        int64_t j = 0;
+        int64_t j = 0, pf = q == 0 ? ZWSUM_PREFETCH_ROWS : 0;
         for (; j + 64 <= n; j += 64)
-            zwsums[1][nq](y + q * n, w + q * ldw, ldw, x, m, n, j, 0xffff);
+            zwsums[1][nq](y + q * n, w + q * ldw, ldw, x, m, n, j, 0xffff, pf);
         for (; j < n; j += 16) {
             __mmask16 mk = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
-            zwsums[0][nq](y + q * n, w + q * ldw, ldw, x, m, n, j, mk);
+            zwsums[0][nq](y + q * n, w + q * ldw, ldw, x, m, n, j, mk, pf);
         }
     }
 }
