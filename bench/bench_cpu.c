@@ -1,7 +1,7 @@
 /* pp_bench: the CPU backend at the machine's limits, on the tinyllama shape.
  *
  *   pp_bench [--threads N] [--models DIR] [--dtypes f16,bf16,q8_0] [--prompt N] [--decode N]
- *            [--decode-batch B] [--json PATH]
+ *            [--decode-batch B] [--batch-prompt P] [--json PATH]
  *
  * Measures, in one run: the machine's read bandwidth and FP32 FMA peak with N threads (with the
  * widest vectors the CPU has, AVX-512 where present; before and after the models; the better of
@@ -11,9 +11,10 @@
  * of the FMA peak; and our f32 matmul against OpenBLAS cblas_sgemm on the model's shapes, one
  * token and a prompt's worth.
  * --decode-batch B (B >= 2) adds, per dtype, decode steps of B sequences together (a small
- * microbatch: B tokens per step, each sequence after a 16-token prompt): tokens/s, and the weights
- * streamed per second (weight bytes of a step ÷ the median step), which shows how well the matmul
- * serves B tokens from one read of the weights. Last per dtype, decode steps alternating between
+ * microbatch: B tokens per step, each sequence after a prompt of P tokens, --batch-prompt, 16 by
+ * default): tokens/s, and the weights streamed per second (weight bytes of a step ÷ the median
+ * step), which shows how well the matmul serves B tokens from one read of the weights; a long P
+ * shows what attention over B long contexts adds to a step. Last per dtype, decode steps alternating between
  * weights copied into huge-page memory (the default) and weights mapped from the file: the ratio
  * of their median steps. The main figures use the default (copied).
  *
@@ -45,6 +46,7 @@ struct opts {
     int prompt;
     int decode;
     int decode_batch; /* 0: none */
+    int batch_prompt; /* each batched sequence's prompt */
     const char *json;
 };
 
@@ -72,7 +74,8 @@ struct dtype_result {
 static int usage(void)
 {
     fprintf(stderr, "usage: pp_bench [--threads N] [--models DIR] [--dtypes f16,bf16,q8_0] "
-                    "[--prompt N] [--decode N] [--decode-batch B] [--json PATH]\n");
+                    "[--prompt N] [--decode N] [--decode-batch B] [--batch-prompt P] "
+                    "[--json PATH]\n");
     return 2;
 }
 
@@ -114,9 +117,7 @@ static double step_weight_bytes(const struct pp_model *m)
     return b;
 }
 
-#define BATCH_PROMPT 16
-
-/* Decode steps of o->decode_batch sequences together after a BATCH_PROMPT-token prompt each:
+/* Decode steps of o->decode_batch sequences together after an o->batch_prompt-token prompt each:
  * the median step time into r. */
 static pp_status run_batch(const struct opts *o, struct pp_executor *ex, const struct pp_model *m,
                            struct dtype_result *r)
@@ -124,7 +125,8 @@ static pp_status run_batch(const struct opts *o, struct pp_executor *ex, const s
     int nb = o->decode_batch;
     const struct pp_model_config *c = &m->cfg;
     struct pp_exec_seq *seqs = malloc(sizeof(*seqs) * (size_t)nb);
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)nb * BATCH_PROMPT);
+    int bp = o->batch_prompt;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)nb * (size_t)bp);
     float *logits = malloc(sizeof(float) * (size_t)nb * (size_t)c->vocab_size);
     double *steps = malloc(sizeof(double) * (size_t)o->decode);
     pp_status st = PP_OK;
@@ -133,9 +135,9 @@ static pp_status run_batch(const struct opts *o, struct pp_executor *ex, const s
         goto out;
     }
     for (int i = 0; i < nb; i++) {
-        seqs[i] = (struct pp_exec_seq){100 + (uint64_t)i, 0, BATCH_PROMPT, 1};
-        for (int k = 0; k < BATCH_PROMPT; k++)
-            toks[i * BATCH_PROMPT + k] = (int32_t)((i * 131 + k * 7919 + 17) % c->vocab_size);
+        seqs[i] = (struct pp_exec_seq){100 + (uint64_t)i, 0, bp, 1};
+        for (int k = 0; k < bp; k++)
+            toks[(size_t)i * bp + k] = (int32_t)((i * 131 + k * 7919 + 17) % c->vocab_size);
     }
     struct pp_exec_batch b = {nb, seqs, toks, NULL};
     if ((st = pp_executor_forward(ex, &b, NULL, logits)) != PP_OK)
@@ -327,9 +329,21 @@ static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype
         goto out;
     struct pp_executor_opts eo = {0};
     eo.max_seqs = 2 + o->decode_batch;
-    eo.max_context = o->prompt + 2 * o->decode + 8; /* the decode steps, then those beside */
+    /* the decode steps, then those beside; the batch's prompts and steps */
+    int need = o->prompt + 2 * o->decode + 8;
+    if (o->decode_batch > 0 && o->batch_prompt + o->decode + 8 > need)
+        need = o->batch_prompt + o->decode + 8;
+    eo.max_context = need;
     if ((st = pp_executor_new(m, be, &eo, &ex)) != PP_OK)
         goto out;
+    if (pp_executor_max_context(ex) < need) {
+        st = pp_error(PP_ERR_INVALID_ARG,
+                      "the model holds %d positions; --prompt %d, --batch-prompt %d and --decode "
+                      "%d need %d (the prompt, its decode steps, as many beside the bandwidth, "
+                      "and 8 spare)",
+                      pp_executor_max_context(ex), o->prompt, o->batch_prompt, o->decode, need);
+        goto out;
+    }
     const struct pp_model_config *c = &m->cfg;
     logits = malloc((size_t)c->vocab_size * sizeof(float));
     ids = malloc((size_t)o->prompt * sizeof(int32_t));
@@ -404,6 +418,7 @@ static int parse(int argc, char **argv, struct opts *o)
     o->prompt = 128;
     o->decode = 32;
     o->decode_batch = 0;
+    o->batch_prompt = 16;
     o->json = NULL;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -421,12 +436,14 @@ static int parse(int argc, char **argv, struct opts *o)
             o->decode = atoi(v);
         else if (strcmp(a, "--decode-batch") == 0)
             o->decode_batch = atoi(v);
+        else if (strcmp(a, "--batch-prompt") == 0)
+            o->batch_prompt = atoi(v);
         else if (strcmp(a, "--json") == 0)
             o->json = v;
         else
             return -1;
     }
-    return o->threads >= 1 && o->prompt >= 1 && o->decode >= 1 &&
+    return o->threads >= 1 && o->prompt >= 1 && o->decode >= 1 && o->batch_prompt >= 1 &&
                    (o->decode_batch == 0 || (o->decode_batch >= 2 && o->decode_batch <= 64))
                ? 0
                : -1;
@@ -539,7 +556,7 @@ int main(int argc, char **argv)
     }
     if (o.decode_batch > 0) {
         printf("\ndecode steps of %d sequences together (prompt %d each, median of %d steps)\n",
-               o.decode_batch, BATCH_PROMPT, o.decode);
+               o.decode_batch, o.batch_prompt, o.decode);
         printf("%-6s %12s %12s %13s %14s\n", "dtype", "step ms", "tok/s", "weights GB/s",
                "weights/bound");
         for (int i = 0; i < n_res; i++) {
@@ -652,7 +669,7 @@ int main(int argc, char **argv)
                 pp_json_key(&j, "sequences");
                 pp_json_int(&j, o.decode_batch);
                 pp_json_key(&j, "prompt_tokens");
-                pp_json_int(&j, BATCH_PROMPT);
+                pp_json_int(&j, o.batch_prompt);
                 pp_json_key(&j, "step_s");
                 pp_json_double(&j, r->batch_step_s);
                 pp_json_key(&j, "tok_s");
