@@ -14,9 +14,9 @@
  * microbatch: B tokens per step, each sequence after a prompt of P tokens, --batch-prompt, 16 by
  * default): tokens/s, and the weights streamed per second (weight bytes of a step ÷ the median
  * step), which shows how well the matmul serves B tokens from one read of the weights; a long P
- * shows what attention over B long contexts adds to a step. Last per dtype, decode steps alternating between
- * weights copied into huge-page memory (the default) and weights mapped from the file: the ratio
- * of their median steps. The main figures use the default (copied).
+ * shows what attention over B long contexts adds to a step. Last per dtype, decode steps
+ * alternating between weights copied into huge-page memory (the default) and weights mapped from
+ * the file: the ratio of their median steps. The main figures use the default (copied).
  *
  * The bandwidth of a shared machine drifts (neighbours on the host take and give back memory
  * bandwidth: we have seen 35 and 50 GB/s minutes apart), so the bound measured before and after
