@@ -1027,6 +1027,11 @@ static void test_attention_long_context(void **state)
     check_attention_case(&window, 68);
     const struct attn_case batch = {4, 2, 12, 0, 2, {500, 255}, {3, 2}};
     check_attention_case(&batch, 69);
+    /* 19 tiles, enough for every thread count to take tiles (4 per thread) rather than chunks:
+     * prompts across a chunk boundary, a decode row, tiles of several sequences in one batch; each
+     * sequence alone then runs in split mode */
+    const struct attn_case many = {8, 2, 16, 0, 4, {250, 0, 300, 3}, {40, 33, 1, 57}};
+    check_attention_case(&many, 70);
 }
 
 /* A window wider than the context changes nothing, bit for bit. */
