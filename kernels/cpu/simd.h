@@ -43,6 +43,13 @@
 #define PP_MM_NC_AVX512 128
 #endif
 
+/* Rows ahead whose keys (dots) and values (wsum) attention's first queries ask for as they pass
+ * over a chunk's rows: at decode the rows come from memory, and demand loads alone kept too few
+ * lines in flight (AVX-512, a batch of 8 sequences at 2048 positions on 2 threads read K and V at
+ * 13.5 GB/s without, 16.9 with; docs/benchmarks.md). The later queries find them in L1 or L2. */
+#define PP_ATTN_KEYS_AHEAD 32
+#define PP_ATTN_VALUES_AHEAD 16
+
 /* Up to this many tokens the vector matmul reads weights directly (decode nest); more go through
  * packed panels. Below it, converting the weights in registers once per token tile beats packing
  * them (pp_bench_matmul, 1 thread, f16 and Q8_0: the direct nest 1.2-1.6x faster at 13-20 tokens,

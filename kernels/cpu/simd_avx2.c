@@ -435,7 +435,7 @@ static void dots1_avx2(float *out, const float *a, const float *const *b, int64_
 /* Two queries (at a and a + n) × four rows of b: eight chains, each pp__dot's order, merged
  * together (pp__merge8x8_avx); out[q * ldo + r] for query q and row r. */
 AI void dots_2x4(float *out, int64_t ldo, const float *a, const float *const *b, int64_t n,
-                 __m256i mk)
+                 __m256i mk, const float *const *pf)
 {
     __m256 acc[8]; /* query q, row r at 4q + r */
     _Pragma("GCC unroll 8")
@@ -445,6 +445,11 @@ AI void dots_2x4(float *out, int64_t ldo, const float *a, const float *const *b,
     int64_t full = n & ~(int64_t)7;
     for (int64_t k = 0; k < full; k += 8) {
         __m256 q0 = _mm256_loadu_ps(a + k), q1 = _mm256_loadu_ps(a + n + k);
+        if (pf && (k & 15) == 0) { /* a line of each of the rows pf every other step */
+            _Pragma("GCC unroll 4")
+            for (int r = 0; r < 4; r++)
+                _mm_prefetch((const char *)(pf[r] + k), _MM_HINT_T0);
+        }
         _Pragma("GCC unroll 4")
         for (int r = 0; r < 4; r++) {
             __m256 kv = _mm256_loadu_ps(rows[r] + k);
@@ -466,8 +471,8 @@ AI void dots_2x4(float *out, int64_t ldo, const float *a, const float *const *b,
     _mm_storeu_ps(out + ldo, _mm256_extractf128_ps(sums, 1));
 }
 
-/* Queries in pairs against rows in fours (dots_2x4), each row read once per pair; the rows and
- * query left over one dot at a time. */
+/* Queries in pairs against rows in fours (dots_2x4), each row read once per pair, the first pair
+ * asking for the rows PP_ATTN_KEYS_AHEAD ahead; the rows and query left over one dot at a time. */
 static void dots_avx2(float *out, int64_t ldo, const float *a, int64_t g, const float *const *b,
                       int64_t m, int64_t n)
 {
@@ -475,8 +480,11 @@ static void dots_avx2(float *out, int64_t ldo, const float *a, int64_t g, const 
     int64_t q = 0;
     for (; q + 2 <= g; q += 2) {
         int64_t i = 0;
-        for (; i + 4 <= m; i += 4)
-            dots_2x4(out + q * ldo + i, ldo, a + q * n, b + i, n, mk);
+        for (; i + 4 <= m; i += 4) {
+            int ahead = q == 0 && i + PP_ATTN_KEYS_AHEAD + 4 <= m;
+            dots_2x4(out + q * ldo + i, ldo, a + q * n, b + i, n, mk,
+                     ahead ? b + i + PP_ATTN_KEYS_AHEAD : NULL);
+        }
         for (; i < m; i++) {
             out[q * ldo + i] = dot_avx2(a + q * n, b[i], n);
             out[(q + 1) * ldo + i] = dot_avx2(a + (q + 1) * n, b[i], n);
@@ -488,7 +496,7 @@ static void dots_avx2(float *out, int64_t ldo, const float *a, int64_t g, const 
 
 /* NQ queries × 16 elements of y from j, every row passing once: 2 NQ chains in registers. */
 AI void wsum_tile(float *y, const float *w, int64_t ldw, const float *const *x, int64_t m,
-                  int64_t n, int64_t j, int NQ)
+                  int64_t n, int64_t j, int64_t pf, int NQ)
 {
     __m256 acc[4][2];
     _Pragma("GCC unroll 4")
@@ -498,6 +506,8 @@ AI void wsum_tile(float *y, const float *w, int64_t ldw, const float *const *x, 
     }
     for (int64_t i = 0; i < m; i++) {
         const float *xi = x[i] + j;
+        if (pf && i + pf < m) /* the elements of row i + pf */
+            _mm_prefetch((const char *)(x[i + pf] + j), _MM_HINT_T0);
         __m256 v0 = _mm256_loadu_ps(xi), v1 = _mm256_loadu_ps(xi + 8);
         _Pragma("GCC unroll 4")
         for (int q = 0; q < NQ; q++) {
@@ -513,8 +523,9 @@ AI void wsum_tile(float *y, const float *w, int64_t ldw, const float *const *x, 
     }
 }
 
-/* Queries in fours × 16 elements (wsum_tile), each row's elements read once per four queries; an
- * element tail of fewer than 16 one query and 8 or 1 elements at a time. */
+/* Queries in fours × 16 elements (wsum_tile), each row's elements read once per four queries, the
+ * first four asking for the row PP_ATTN_VALUES_AHEAD ahead; an element tail of fewer than 16 one
+ * query and 8 or 1 elements at a time. */
 static void wsum_avx2(float *y, const float *w, int64_t ldw, int64_t g, const float *const *x,
                       int64_t m, int64_t n)
 {
@@ -522,13 +533,14 @@ static void wsum_avx2(float *y, const float *w, int64_t ldw, int64_t g, const fl
     for (; j + 16 <= n; j += 16) {
         int64_t q = 0;
         for (; q + 4 <= g; q += 4)
-            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, 4);
+            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, q ? 0 : PP_ATTN_VALUES_AHEAD, 4);
+        int64_t pf = q ? 0 : PP_ATTN_VALUES_AHEAD;
         if (g - q == 3)
-            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, 3);
+            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, pf, 3);
         else if (g - q == 2)
-            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, 2);
+            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, pf, 2);
         else if (g - q == 1)
-            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, 1);
+            wsum_tile(y + q * n, w + q * ldw, ldw, x, m, n, j, pf, 1);
     }
     for (int64_t q = 0; q < g; q++) {
         float *yq = y + q * n;

@@ -435,12 +435,6 @@ static void pack_avx512(float *panel, const struct pp_mm_args *a, int64_t r, int
 
 /* Head dims up to this take the zmm tiles below (their queries are repacked on the stack). */
 #define ZATTN_MAX_DIM 256
-/* Rows ahead whose keys (dots) and values (wsum) the first four queries' pass asks for: at
- * decode the rows come from memory, and demand loads alone kept too few lines in flight (a batch
- * of 8 sequences at 2048 positions, 2 threads, read K and V at 13.5 GB/s without, 16.9 with;
- * pp_bench_attn --decode 8 on the Xeon host). The later queries find them in L1 or L2. */
-#define ZDOTS_PREFETCH_ROWS 32
-#define ZWSUM_PREFETCH_ROWS 16
 
 /* The AVX2 table's dots, for what the tiles leave over. */
 static pp_dots_fn avx2_dots;
@@ -541,9 +535,9 @@ static void dots_avx512(float *out, int64_t ldo, const float *a, int64_t g, cons
                 }
             int64_t i = 0;
             for (; i + 8 <= m; i += 8) {
-                int ahead = q == 0 && i + ZDOTS_PREFETCH_ROWS + 8 <= m;
+                int ahead = q == 0 && i + PP_ATTN_KEYS_AHEAD + 8 <= m;
                 zdots_4x8(out + q * ldo + i, ldo, qp, steps, b + i, n, mk,
-                          ahead ? b + i + ZDOTS_PREFETCH_ROWS : NULL);
+                          ahead ? b + i + PP_ATTN_KEYS_AHEAD : NULL);
             }
             if (i < m)
                 avx2_dots(out + q * ldo + i, ldo, aq, 4, b + i, m - i, n);
@@ -613,7 +607,7 @@ static void wsum_avx512(float *y, const float *w, int64_t ldw, int64_t g, const 
 {
     for (int64_t q = 0; q < g; q += 4) {
         int nq = g - q < 4 ? (int)(g - q) : 4;
-        int64_t j = 0, pf = q == 0 ? ZWSUM_PREFETCH_ROWS : 0;
+        int64_t j = 0, pf = q == 0 ? PP_ATTN_VALUES_AHEAD : 0;
         for (; j + 64 <= n; j += 64)
             zwsums[1][nq](y + q * n, w + q * ldw, ldw, x, m, n, j, 0xffff, pf);
         for (; j < n; j += 16) {
