@@ -16,9 +16,9 @@
  * and the lines around it, which the hardware prefetcher brings in as well, would be gone by
  * the time the head owning them came. Normally one thread runs all of a tile's chunks, threads
  * taking tiles from a shared counter (a prompt's later tokens cost more); when a batch has too
- * few tiles to keep the threads busy (decode of a few sequences over long contexts), chunks
- * become the work items and a second pass merges them — the same arithmetic in the same order,
- * so the same bits. */
+ * few tiles to keep the threads busy (decode of a few sequences), a tile's (chunk, KV head)
+ * pairs become the work items and a second pass merges them — the same arithmetic in the same
+ * order, so the same bits. */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
@@ -390,8 +390,10 @@ static float *part_of(const struct attn_job *j, int64_t row, int32_t h, int64_t 
     return j->parts + (qi * j->max_chunks + ci) * (j->shape->head_dim + 2);
 }
 
-/* Split mode, pass 1: item = (batch row, chunk) → when the row starts a tile, the partials of the
- * tile's queries in that chunk, every query block in turn, in j->parts. */
+/* Split mode, pass 1: item = (batch row, chunk, query block) → when the row starts a tile, the
+ * partials of the block's queries of the tile in that chunk, in j->parts. A chunk's blocks are
+ * consecutive items, so a thread taking several at once reads whole K and V rows; one chunk (a
+ * short context) still goes to every thread. */
 static void attn_chunk_items(void *ctx, int64_t begin, int64_t end, int thread)
 {
     struct attn_job *j = ctx;
@@ -403,7 +405,7 @@ static void attn_chunk_items(void *ctx, int64_t begin, int64_t end, int thread)
     float m[ATTN_ROWS * ATTN_GROUP], l[ATTN_ROWS * ATTN_GROUP];
     int64_t packed = -1; /* the row whose tile ts.qp holds */
     for (int64_t it = begin; it < end; it++) {
-        int64_t row = it / j->max_chunks, ci = it % j->max_chunks;
+        int64_t row = it / (j->max_chunks * n_bl), ci = it / n_bl % j->max_chunks, bl = it % n_bl;
         int32_t nt = tile_at(j, row);
         if (nt == 0)
             continue;
@@ -415,19 +417,17 @@ static void attn_chunk_items(void *ctx, int64_t begin, int64_t end, int thread)
             pack_tile(j, row, nt, &ts);
             packed = row;
         }
-        for (int64_t bl = 0; bl < n_bl; bl++) {
-            struct qtile tl = tile_of(j, row, nt, bl);
-            int32_t nq = tl.qb.nq;
-            int32_t t0 = tile_chunk(j, &tl, c, tile_queries(j, &tl, &ts), ts.scores, m, l, ts.o);
-            for (int32_t t = t0; t < nt; t++)
-                for (int32_t q = 0; q < nq; q++) {
-                    int32_t k = t * nq + q;
-                    float *part = part_of(j, row + t, tl.qb.h0 + q, ci);
-                    part[0] = m[k];
-                    part[1] = l[k];
-                    memcpy(part + 2, ts.o + k * hd, (size_t)hd * sizeof(float));
-                }
-        }
+        struct qtile tl = tile_of(j, row, nt, bl);
+        int32_t nq = tl.qb.nq;
+        int32_t t0 = tile_chunk(j, &tl, c, tile_queries(j, &tl, &ts), ts.scores, m, l, ts.o);
+        for (int32_t t = t0; t < nt; t++)
+            for (int32_t q = 0; q < nq; q++) {
+                int32_t k = t * nq + q;
+                float *part = part_of(j, row + t, tl.qb.h0 + q, ci);
+                part[0] = m[k];
+                part[1] = l[k];
+                memcpy(part + 2, ts.o + k * hd, (size_t)hd * sizeof(float));
+            }
     }
 }
 
@@ -509,9 +509,12 @@ void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
         n_queries * j.max_chunks * (shape->head_dim + 2) <=
             c->n_threads * c->cap[PP_CPU_SCRATCH_PARTS]) {
         j.parts = c->scratch[PP_CPU_SCRATCH_PARTS];
-        int64_t n_items = n_rows * j.max_chunks;
-        pp_threadpool_run_dynamic(c->pool, attn_chunk_items, &j, n_items,
-                                  grain_for(n_items, c->n_threads), 1);
+        int64_t n_bl = (int64_t)shape->n_kv_heads * j.blocks;
+        int64_t n_items = n_rows * j.max_chunks * n_bl;
+        /* a chunk's blocks at a time while many are left */
+        int64_t grain = n_items / c->n_threads < n_bl ? n_items / c->n_threads : n_bl;
+        pp_threadpool_run_dynamic(c->pool, attn_chunk_items, &j, n_items, grain > 1 ? grain : 1,
+                                  1);
         pp_threadpool_run(c->pool, attn_merge_items, &j, n_queries, 1);
         return;
     }
