@@ -97,8 +97,9 @@ struct pp_backend;
 #define PP_MATMUL_MANY_MAX 3
 
 struct pp_backend_ops {
-    /* Sizes scratch for matmuls up to max_cols input features and attention over up to max_context
-     * positions. The executor calls it once before any op; ops assume it succeeded. */
+    /* Sizes scratch for matmuls up to max_cols input features and attention of up to max_cols
+     * query features (n_heads · head_dim) over up to max_context positions. The executor calls it
+     * once before any op; ops assume it succeeded. */
     pp_status (*reserve)(struct pp_backend *be, int64_t max_cols, int64_t max_context);
 
     /* --- memory ---------------------------------------------------------------------------- */
