@@ -12,7 +12,11 @@
 # - the Q8_0 integer tiles prefetch the next tile's int8 and scales the same two ways
 #   (q8_prefetch in kernels/cpu/matmul_q8_x86.h; q8_tile_one_1, the one-token tile over the
 #   backend's copy, is built by both the AVX2 and the VNNI file); and the VNNI pair tiles on
-#   adjacent rows, whose next rows q8z_rows asks for into L2 a share before each token tile.
+#   adjacent rows, whose next rows q8z_rows asks for into L2 a share before each token tile;
+# - attention's first queries ask for the keys and values of the rows ahead
+#   (PP_ATTN_KEYS_AHEAD, PP_ATTN_VALUES_AHEAD in kernels/cpu/simd.h): a line of each of the
+#   AVX-512 key tile's 8 rows, each of the 4 vectors of a 64-element value row, a line of each of
+#   the AVX2 key tile's 4 rows.
 # This reads the built machine code and fails unless it holds them.
 # Usage: check_prefetch.sh OBJDUMP LIBPP_KERNELS_A
 set -euo pipefail
@@ -51,3 +55,7 @@ check q8_tile_one_1 prefetcht0 "the Q8_0 one-token prefetch into L1"
 check q8_tile_one_1 prefetcht1 "the Q8_0 one-token prefetch into L2"
 check_count zquad_f16_1 prefetcht0 24 "the near L1 prefetch beside the L2 one"
 check q8z_rows prefetcht1 "the Q8_0 pair tiles' prefetch of the next rows into L2"
+check_count dots_avx512 prefetcht0 8 "attention's keys ahead (AVX-512)"
+check_count zwsum_4_4 prefetcht0 4 "attention's values ahead (AVX-512)"
+check_count dots_avx2 prefetcht0 4 "attention's keys ahead (AVX2)"
+check wsum_avx2 prefetcht0 "attention's values ahead (AVX2)"
