@@ -163,14 +163,17 @@ static inline __attribute__((always_inline)) void softmax_parts(const struct pp_
         l[q] = sum[q];
 }
 
-/* Folds chunk partial (m, l, o) into the running (M, L, O), in increasing chunk order. */
-static void merge_chunk(float *M, float *L, float *O, float m, float l, const float *o, int32_t hd)
+/* Folds chunk partial (m, l, o) into the running (M, L, O), in increasing chunk order: with
+ * nm = max(M, m), a = pp__expf(M - nm) and b = pp__expf(m - nm) (pp_simd.exp_shift by 0, which
+ * leaves its arguments' bits), L = L·a + l·b and O = O·a + o·b (pp_simd.scale_add). */
+static void merge_chunk(const struct pp_simd *simd, float *M, float *L, float *O, float m, float l,
+                        const float *o, int32_t hd)
 {
     float nm = fmaxf(*M, m);
-    float a = pp__expf(*M - nm), b = pp__expf(m - nm);
-    *L = *L * a + l * b;
-    for (int32_t d = 0; d < hd; d++)
-        O[d] = O[d] * a + o[d] * b;
+    float e[2] = {*M - nm, m - nm};
+    simd->exp_shift(e, 0.0f, 2);
+    *L = *L * e[0] + l * e[1];
+    simd->scale_add(O, e[0], o, e[1], hd);
     *M = nm;
 }
 
@@ -342,7 +345,8 @@ static void attend_tile(const struct attn_job *j, int64_t row, int32_t nt, float
                         ts.L[s] = l[k];
                         memcpy(out, ts.o + k * hd, (size_t)hd * sizeof(float));
                     } else {
-                        merge_chunk(&ts.M[s], &ts.L[s], out, m[k], l[k], ts.o + k * hd, hd);
+                        merge_chunk(j->cpu->simd, &ts.M[s], &ts.L[s], out, m[k], l[k],
+                                    ts.o + k * hd, hd);
                     }
                 }
         }
@@ -453,7 +457,7 @@ static void attn_merge_items(void *ctx, int64_t begin, int64_t end, int thread)
         memcpy(out, p0 + 2, (size_t)hd * sizeof(float));
         for (int64_t ci = 1; ci < n_chunks; ci++) {
             const float *p = part_of(j, row, h, ci);
-            merge_chunk(&M, &L, out, p[0], p[1], p + 2, hd);
+            merge_chunk(j->cpu->simd, &M, &L, out, p[0], p[1], p + 2, hd);
         }
         finish(out, L, out, hd);
     }

@@ -62,6 +62,12 @@ static float scale_max_portable(float *x, float scale, int64_t n)
     return pp__scale_max_finish(NULL, 0, x, scale, 0, n);
 }
 
+static void scale_add_portable(float *y, float a, const float *x, float b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = y[i] * a + x[i] * b;
+}
+
 static void swiglu_portable(float *out, const float *gate, const float *up, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
@@ -80,9 +86,9 @@ static void bf16_portable(float *dst, const void *src, int64_t n)
 
 static const struct pp_simd portable = {
     "portable",         matmul_rows_portable, dot_portable,       dots_portable,
-    wsum_portable,      exp_shift_portable,   scale_max_portable, swiglu_portable,
-    f16_portable,       bf16_portable,        pp__q8_act_portable, pp__mm_q8_portable,
-    NULL,               PP_MM_DIRECT_ROWS_MAX_TOKENS};
+    wsum_portable,      exp_shift_portable,   scale_max_portable, scale_add_portable,
+    swiglu_portable,    f16_portable,         bf16_portable,      pp__q8_act_portable,
+    pp__mm_q8_portable, NULL,                 PP_MM_DIRECT_ROWS_MAX_TOKENS};
 
 const struct pp_simd *pp_simd_portable(void)
 {

@@ -147,6 +147,9 @@ typedef void (*pp_exp_shift_fn)(float *x, float shift, int64_t n);
  * when all are NaN) and a zero maximum comes back as +0, so that every table and every order of
  * comparison give the same bits (attention's scaled scores and their max). */
 typedef float (*pp_scale_max_fn)(float *x, float scale, int64_t n);
+/* y[i] = y[i] * a + x[i] * b for i in [0, n), each product and the sum rounded (no fused
+ * multiply-add): attention's merge of a chunk's weighted sums into the running ones. */
+typedef void (*pp_scale_add_fn)(float *y, float a, const float *x, float b, int64_t n);
 /* out[i] = pp__swiglu1(gate[i], up[i]) for i in [0, n) (kernels/cpu/cpu-impl.h). */
 typedef void (*pp_swiglu_fn)(float *out, const float *gate, const float *up, int64_t n);
 /* pp_row_to_f32 for f16/bf16 (other dtypes use the portable function). */
@@ -167,6 +170,7 @@ struct pp_simd {
     pp_wsum_fn wsum;
     pp_exp_shift_fn exp_shift;
     pp_scale_max_fn scale_max;
+    pp_scale_add_fn scale_add;
     pp_swiglu_fn swiglu;
     pp_convert_fn f16_to_f32;
     pp_convert_fn bf16_to_f32;

@@ -610,6 +610,17 @@ static float scale_max_avx2(float *x, float scale, int64_t n)
     return pp__scale_max_finish(lanes, 8, x, scale, i, n);
 }
 
+static void scale_add_avx2(float *y, float a, const float *x, float b, int64_t n)
+{
+    const __m256 av = _mm256_set1_ps(a), bv = _mm256_set1_ps(b);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(y + i), av),
+                                              _mm256_mul_ps(_mm256_loadu_ps(x + i), bv)));
+    for (; i < n; i++)
+        y[i] = y[i] * a + x[i] * b;
+}
+
 static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t n)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
@@ -648,9 +659,9 @@ static void bf16_avx2(float *dst, const void *src, int64_t n)
 
 static const struct pp_simd avx2 = {"avx2",         matmul_rows_avx2, dot_avx2,
                                     dots_avx2,      wsum_avx2,        exp_shift_avx2,
-                                    scale_max_avx2, swiglu_avx2,      f16_avx2,
-                                    bf16_avx2,      pp__q8_act_avx2,  pp__mm_q8_avx2,
-                                    NULL,           PP_MM_DIRECT_ROWS_MAX_TOKENS};
+                                    scale_max_avx2, scale_add_avx2,   swiglu_avx2,
+                                    f16_avx2,       bf16_avx2,        pp__q8_act_avx2,
+                                    pp__mm_q8_avx2, NULL,             PP_MM_DIRECT_ROWS_MAX_TOKENS};
 
 #if defined(__clang__)
 #pragma clang attribute pop

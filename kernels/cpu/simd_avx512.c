@@ -654,6 +654,17 @@ static void exp_shift_avx512(float *x, float shift, int64_t n)
         x[i] = pp__expf(x[i] - shift);
 }
 
+static void scale_add_avx512(float *y, float a, const float *x, float b, int64_t n)
+{
+    const __m512 av = _mm512_set1_ps(a), bv = _mm512_set1_ps(b);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, y + i), av),
+                                 _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), bv));
+        _mm512_mask_storeu_ps(y + i, mk, v);
+    }
+}
+
 /* x[i] *= scale, and the largest (kernels/cpu/simd.h, pp_scale_max_fn): maxps(s, m) is s > m ? s
  * : m, so a NaN lane keeps m, as the portable loop does. */
 static float scale_max_avx512(float *x, float scale, int64_t n)
@@ -699,6 +710,7 @@ static void avx512_init(void)
     avx512.wsum = wsum_avx512;
     avx512.exp_shift = exp_shift_avx512;
     avx512.scale_max = scale_max_avx512;
+    avx512.scale_add = scale_add_avx512;
     avx512.swiglu = swiglu_avx512;
     __builtin_cpu_init();
     /* Q8_0 with VNNI where the CPU has it, and its pair tiles, else with the AVX2 dot products */

@@ -228,6 +228,43 @@ static void test_scale_max_match(void **state)
     }
 }
 
+/* scale_add (attention's merge of a chunk's weighted sums) in both tables: y·a + x·b with each
+ * product and the sum rounded, never fused, for every length around the 8- and 16-lane steps, with
+ * weights of 0 and 1, infinities, NaNs and subnormals among the operands. */
+static void test_scale_add_match(void **state)
+{
+    (void)state;
+    const struct pp_simd *tabs[2] = {pp_simd_get(), pp_simd_portable()};
+    unsigned seed = 41;
+    enum { N = 53 };
+    float x[N], y0[N], y[N];
+    for (int rep = 0; rep < 400; rep++) {
+        int64_t n = rep % N;
+        float a = rep % 5 == 0 ? 1.0f : fabsf(frand(&seed));
+        float b = rep % 7 == 0 ? 0.0f : fabsf(frand(&seed));
+        for (int i = 0; i < N; i++) {
+            x[i] = frand(&seed) * 100.0f;
+            y0[i] = frand(&seed) * 100.0f;
+        }
+        if (rep % 3 == 1 && n > 2) {
+            x[rep % n] = rep % 2 ? INFINITY : NAN;
+            y0[(rep + 1) % n] = 1e-40f; /* subnormal */
+        }
+        for (int t = 0; t < 2; t++) {
+            memcpy(y, y0, sizeof(y));
+            tabs[t]->scale_add(y, a, x, b, n);
+            for (int64_t i = 0; i < N; i++) {
+                volatile float p = y0[i] * a, q = x[i] * b; /* two roundings, then the sum's */
+                float want = i < n ? p + q : y0[i];
+                if (want != want)
+                    assert_true(y[i] != y[i]);
+                else
+                    assert_memory_equal(&y[i], &want, sizeof(float));
+            }
+        }
+    }
+}
+
 /* Token t's output for one row-major Q8_0 row, as kernels/cpu/matmul_q8.h defines it: per block
  * and lane, the exact int32 sum of four products, then one fmaf with the two scales' product. */
 static float q8_reference(const char *wrow, const struct pp_mm_args *a, int64_t t)
@@ -604,6 +641,7 @@ int main(void)
         cmocka_unit_test(test_swiglu_match),
         cmocka_unit_test(test_exp_shift_match),
         cmocka_unit_test(test_scale_max_match),
+        cmocka_unit_test(test_scale_add_match),
         cmocka_unit_test(test_row_groups_layout),
         cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_direct_all_token_counts),
