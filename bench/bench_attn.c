@@ -208,8 +208,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_ctx; i++) {
         res[i].context = contexts[i];
         res[i].best_s = time_pass(be, &md, contexts[i], reps, out, q);
-        if (res[i].best_s <= 0)
+        if (res[i].best_s <= 0) {
+            fprintf(stderr, "pp_bench_attn: no memory for a %.2f GiB KV cache (context %d)\n",
+                    pass_kv_bytes(&md, contexts[i]) / (1 << 30), contexts[i]);
             return 1;
+        }
         res[i].gflops = pass_flops(&md, contexts[i]) / res[i].best_s / 1e9;
         res[i].kv_gbs = pass_kv_bytes(&md, contexts[i]) / res[i].best_s / 1e9;
         printf("%7d %10.2f %9.1f %7.1f%% %9.3f", contexts[i], res[i].best_s * 1e3, res[i].gflops,

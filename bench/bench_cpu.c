@@ -337,11 +337,18 @@ static pp_status run_dtype(const struct opts *o, const char *dtype, struct dtype
     if ((st = pp_executor_new(m, be, &eo, &ex)) != PP_OK)
         goto out;
     if (pp_executor_max_context(ex) < need) {
-        st = pp_error(PP_ERR_INVALID_ARG,
-                      "the model holds %d positions; --prompt %d, --batch-prompt %d and --decode "
-                      "%d need %d (the prompt, its decode steps, as many beside the bandwidth, "
-                      "and 8 spare)",
-                      pp_executor_max_context(ex), o->prompt, o->batch_prompt, o->decode, need);
+        if (o->decode_batch > 0)
+            st = pp_error(PP_ERR_INVALID_ARG,
+                          "the model holds %d positions; --prompt %d, --batch-prompt %d and "
+                          "--decode %d need %d (the prompt and its decode steps twice, or a "
+                          "batched prompt and its steps, and 8 spare)",
+                          pp_executor_max_context(ex), o->prompt, o->batch_prompt, o->decode,
+                          need);
+        else
+            st = pp_error(PP_ERR_INVALID_ARG,
+                          "the model holds %d positions; --prompt %d and --decode %d need %d (the "
+                          "prompt, its decode steps, as many beside the bandwidth, and 8 spare)",
+                          pp_executor_max_context(ex), o->prompt, o->decode, need);
         goto out;
     }
     const struct pp_model_config *c = &m->cfg;
