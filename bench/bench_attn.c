@@ -237,8 +237,7 @@ int main(int argc, char **argv)
         pp_json_key(&j, "threads");
         pp_json_int(&j, threads);
         pp_json_key(&j, "mode");
-        const char *mode = decode ? "decode" : "prompt_window";
-        pp_json_string(&j, mode, strlen(mode));
+        pp_json_cstring(&j, decode ? "decode" : "prompt_window");
         pp_json_key(&j, "rows_per_sequence");
         pp_json_int(&j, md.rows);
         pp_json_key(&j, "sequences");

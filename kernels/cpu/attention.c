@@ -28,8 +28,8 @@
 #define ATTN_CHUNK 256 /* positions per chunk (a split point every ATTN_CHUNK positions) */
 #define ATTN_GROUP 8   /* query heads of one KV head that share a pass over a chunk, at most */
 #define ATTN_ROWS 8    /* rows (consecutive positions of one sequence) that share it, at most */
-#define ATTN_GRAIN 4   /* work items (tiles) a thread takes at a time while many are left */
-#define SPLIT_BELOW 4  /* split chunks across threads when query blocks < SPLIT_BELOW × threads */
+#define ATTN_GRAIN 4   /* batch rows (tile mode's work items) a thread takes at a time, at most */
+#define SPLIT_BELOW 4  /* split chunks across threads when tiles < SPLIT_BELOW × threads */
 
 static inline float *kv_row(const struct pp_kv_view *kv, int32_t layer, int kv_sel,
                             const int32_t *block_table, int64_t pos)
@@ -413,15 +413,15 @@ static void attn_chunk_items(void *ctx, int64_t begin, int64_t end, int thread)
         int32_t nt = tile_at(j, row);
         if (nt == 0)
             continue;
-        struct qtile t0l = tile_of(j, row, nt, 0);
-        int64_t c = t0l.qb.first / ATTN_CHUNK + ci;
-        if (c > (t0l.qb.last + nt - 1) / ATTN_CHUNK)
+        /* every block of a row sees the same positions */
+        struct qtile tl = tile_of(j, row, nt, bl);
+        int64_t c = tl.qb.first / ATTN_CHUNK + ci;
+        if (c > (tl.qb.last + nt - 1) / ATTN_CHUNK)
             continue;
         if (packed != row) {
             pack_tile(j, row, nt, &ts);
             packed = row;
         }
-        struct qtile tl = tile_of(j, row, nt, bl);
         int32_t nq = tl.qb.nq;
         int32_t t0 = tile_chunk(j, &tl, c, tile_queries(j, &tl, &ts), ts.scores, m, l, ts.o);
         for (int32_t t = t0; t < nt; t++)
@@ -476,12 +476,12 @@ int64_t pp__cpu_attn_parts(int64_t max_cols, int64_t max_context)
     return (int64_t)SPLIT_BELOW * chunks * (max_cols + 2);
 }
 
-/* Work items taken at a time from the shared counter: at most ATTN_GRAIN, and few enough that
- * every thread gets some (the pool runs a job of no more items than the grain on one thread). */
-static int64_t grain_for(int64_t n_items, int n_threads)
+/* Work items taken at a time from the shared counter: at most max, and few enough that every
+ * thread gets some (the pool runs a job of no more items than the grain on one thread). */
+static int64_t grain_for(int64_t n_items, int n_threads, int64_t max)
 {
     int64_t g = n_items / n_threads;
-    return g < 1 ? 1 : g > ATTN_GRAIN ? ATTN_GRAIN : g;
+    return g < 1 ? 1 : g > max ? max : g;
 }
 
 void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
@@ -516,11 +516,11 @@ void pp__cpu_attention(struct pp_backend *be, float *out, const float *q,
         int64_t n_bl = (int64_t)shape->n_kv_heads * j.blocks;
         int64_t n_items = n_rows * j.max_chunks * n_bl;
         /* a chunk's blocks at a time while many are left */
-        int64_t grain = n_items / c->n_threads < n_bl ? n_items / c->n_threads : n_bl;
-        pp_threadpool_run_dynamic(c->pool, attn_chunk_items, &j, n_items, grain > 1 ? grain : 1,
-                                  1);
+        pp_threadpool_run_dynamic(c->pool, attn_chunk_items, &j, n_items,
+                                  grain_for(n_items, c->n_threads, n_bl), 1);
         pp_threadpool_run(c->pool, attn_merge_items, &j, n_queries, 1);
         return;
     }
-    pp_threadpool_run_dynamic(c->pool, attn_items, &j, n_rows, grain_for(n_rows, c->n_threads), 1);
+    pp_threadpool_run_dynamic(c->pool, attn_items, &j, n_rows,
+                              grain_for(n_rows, c->n_threads, ATTN_GRAIN), 1);
 }
