@@ -18,6 +18,9 @@ double pp_bench_loadavg(void);
 struct pp_json;
 int pp_bench_write_json(const char *path, const char *who, const struct pp_json *j);
 
+/* Writes "key": [a, b] into j: a figure measured twice, before and after (a bound, the load
+ * average). */
+void pp_bench_json_pair(struct pp_json *j, const char *key, double a, double b);
 /* qsort comparator of doubles, increasing. */
 int pp_bench_cmp_double(const void *a, const void *b);
 /* The first index of the largest of v[n]. */

@@ -248,11 +248,7 @@ int main(int argc, char **argv)
             pp_json_key(&j, "read_bandwidth_bytes_per_s");
             pp_json_double(&j, bw);
         }
-        pp_json_key(&j, "load_average");
-        pp_json_begin_array(&j);
-        pp_json_double(&j, load0);
-        pp_json_double(&j, load1);
-        pp_json_end_array(&j);
+        pp_bench_json_pair(&j, "load_average", load0, load1);
         pp_json_key(&j, "results");
         pp_json_begin_array(&j);
         for (int i = 0; i < n_ctx; i++) {

@@ -615,21 +615,9 @@ int main(int argc, char **argv)
         pp_json_cstring(&j, pp_bench_fma_isa());
         pp_json_key(&j, "kernels");
         pp_json_cstring(&j, pp_simd_get()->name);
-        pp_json_key(&j, "read_bandwidth_bytes_s_measurements");
-        pp_json_begin_array(&j);
-        pp_json_double(&j, bw);
-        pp_json_double(&j, bw2);
-        pp_json_end_array(&j);
-        pp_json_key(&j, "fma_peak_flops_measurements");
-        pp_json_begin_array(&j);
-        pp_json_double(&j, peak);
-        pp_json_double(&j, peak2);
-        pp_json_end_array(&j);
-        pp_json_key(&j, "load_average");
-        pp_json_begin_array(&j);
-        pp_json_double(&j, load0);
-        pp_json_double(&j, load1);
-        pp_json_end_array(&j);
+        pp_bench_json_pair(&j, "read_bandwidth_bytes_s_measurements", bw, bw2);
+        pp_bench_json_pair(&j, "fma_peak_flops_measurements", peak, peak2);
+        pp_bench_json_pair(&j, "load_average", load0, load1);
         pp_json_key(&j, "models");
         pp_json_begin_array(&j);
         for (int i = 0; i < n_res; i++) {

@@ -58,3 +58,12 @@ int pp_bench_argmax(const float *v, int n)
             best = i;
     return best;
 }
+
+void pp_bench_json_pair(struct pp_json *j, const char *key, double a, double b)
+{
+    pp_json_key(j, key);
+    pp_json_begin_array(j);
+    pp_json_double(j, a);
+    pp_json_double(j, b);
+    pp_json_end_array(j);
+}
