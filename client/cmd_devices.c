@@ -1,8 +1,8 @@
 /* ppserve devices: what this build can compute on. */
 #include <stdio.h>
-#include <unistd.h>
 
 #include "client/commands.h"
+#include "common/limits.h"
 #ifdef PP_HAVE_CUDA
 #include "kernels/cuda/device.h"
 #endif
@@ -14,8 +14,15 @@ int pp_cmd_devices(int argc, char **argv)
         fprintf(stderr, "ppserve devices: takes no arguments\n");
         return 2;
     }
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("cpu: %ld threads\n", ncpu);
+    struct pp_cpus cpus;
+    struct pp_memory mem;
+    char line[1024];
+    pp_cpus_read(&cpus);
+    pp_cpus_describe(&cpus, line, sizeof(line));
+    printf("cpu: %s\n", line);
+    pp_memory_read(&mem);
+    pp_memory_describe(&mem, line, sizeof(line));
+    printf("memory: %s\n", line);
 #ifdef PP_HAVE_CUDA
     int n = 0;
     pp_status st = pp_cuda_device_count(&n);

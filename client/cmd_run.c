@@ -1,12 +1,12 @@
 /* ppserve run: load a model, generate for one prompt in this process, stream or print JSON. */
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "client/args.h"
 #include "client/sampling_args.h"
 #include "client/commands.h"
 #include "common/alloc.h"
+#include "common/limits.h"
 #include "common/json_write.h"
 #include "common/log.h"
 #include "kernels/devices.h"
@@ -167,8 +167,7 @@ int pp_cmd_run(int argc, char **argv)
     o.max_tokens = 64;
     o.log_level = "warn";
     pp_sampling_defaults(&o.sampling);
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    o.threads = ncpu > 0 ? (int32_t)ncpu : 1;
+    o.threads = 0; /* the CPUs this process may use (common/limits.h) */
     o.tp = 1;
     o.ep = 0;
     o.device = "auto";
@@ -179,7 +178,8 @@ int pp_cmd_run(int argc, char **argv)
         {"prompt-ids", PP_ARG_IDS, &o.prompt_ids, 0, 0, "prompt token ids, used exactly as given"},
         {"max-tokens", PP_ARG_INT, &o.max_tokens, 0, 1 << 24, "tokens to generate (default 64)"},
         PP_SAMPLING_ARGS(&o.sampling, &o.stops, &o.ignore_eos),
-        {"threads", PP_ARG_INT, &o.threads, 1, 1024, "compute threads (default: online CPUs)"},
+        {"threads", PP_ARG_INT, &o.threads, 1, 1024,
+         "compute threads (default: the CPUs this process may use, its affinity and cgroup quota)"},
         {"tp", PP_ARG_INT, &o.tp, 1, 64,
          "tensor-parallel workers, each with threads/tp threads (default 1; --ep alone sets it)"},
         {"ep", PP_ARG_INT, &o.ep, 1, 64,
@@ -262,6 +262,14 @@ int pp_cmd_run(int argc, char **argv)
         PP_INFO("no tokenizer: %s", pp_error_detail());
         tok = NULL;
     }
+    struct pp_cpus cpus;
+    pp_cpus_read(&cpus);
+    char cpu_note[1024], cpu_warn[1024];
+    pp_cpus_describe(&cpus, cpu_note, sizeof(cpu_note));
+    o.threads = pp_cpus_threads(&cpus, o.threads, cpu_warn, sizeof(cpu_warn));
+    PP_INFO("cpus: %s", cpu_note);
+    if (use.kind == PP_DEVICE_CPU && cpu_warn[0])
+        PP_WARN("%s", cpu_warn);
     if ((st = pp_shard_check(&m->cfg, o.tp, o.ep > 0 ? o.ep : 1, o.model)) != PP_OK ||
         (st = pp_backends_new(&use, o.threads, o.tp, bes)) != PP_OK) {
         rc = pp_cli_fail("run", st);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "stage/stage.h"
 
@@ -158,6 +159,24 @@ static pp_status resolve_devices(struct pp_stage *s)
     return PP_OK;
 }
 
+/* threads = 0: one per CPU this process may use; more than those: a warning (CPU stages). The
+ * memory offered to the coordinator (stage/register.c) is logged beside them. */
+static void resolve_threads(struct pp_stage *s)
+{
+    struct pp_cpus cpus;
+    struct pp_memory mem;
+    char line[1024], warn[1024];
+    pp_memory_read(&mem);
+    pp_memory_describe(&mem, line, sizeof(line));
+    PP_INFO("memory: %s", line);
+    pp_cpus_read(&cpus);
+    pp_cpus_describe(&cpus, line, sizeof(line));
+    PP_INFO("cpus: %s", line);
+    s->cfg.threads = pp_cpus_threads(&cpus, (int)s->cfg.threads, warn, sizeof(warn));
+    if (s->devices.kind == PP_DEVICE_CPU && warn[0])
+        PP_WARN("%s", warn);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -190,6 +209,7 @@ int main(int argc, char **argv)
         pp_free(PP_MEM_MISC, s);
         return 1;
     }
+    resolve_threads(s);
 
     /* signals are taken by sigwait in this thread only: block them before any thread starts */
     sigset_t sigs;

@@ -5,8 +5,8 @@
  * takes at most one deadline. */
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "common/limits.h"
 #include "common/log.h"
 #include "stage/stage.h"
 
@@ -38,12 +38,6 @@ static int ctl_stopped(struct pp_stage *s)
     return stop;
 }
 
-static uint64_t physical_memory(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-}
-
 /* A fresh channel after a failure: gRPC would otherwise back off reconnecting for up to two
  * minutes, long after the coordinator is back. */
 static pp_status reconnect(struct pp_stage *s, struct pp_rpc_channel **ch)
@@ -55,7 +49,10 @@ static pp_status reconnect(struct pp_stage *s, struct pp_rpc_channel **ch)
 
 static pp_status register_once(struct pp_stage *s, struct pp_rpc_channel *ch)
 {
-    uint64_t mem = physical_memory();
+    /* the memory this process may use: a cgroup limit (a pod's) below the host's RAM */
+    struct pp_memory memory;
+    pp_memory_read(&memory);
+    uint64_t mem = memory.usable;
     /* one device per worker: a GPU's own memory, or the CPU shards' even share of the host's */
     Ppserve__V1__Device dev[PP_STAGE_MAX_WORKERS], *devs[PP_STAGE_MAX_WORKERS];
     char names[PP_STAGE_MAX_WORKERS][16];

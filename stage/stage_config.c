@@ -18,7 +18,8 @@ const struct pp_cfg_key pp_stage_config_keys[] = {
     KEY("listen", PP_CFG_STRING, listen, 0, 0, "host:port to serve on"),
     KEY("advertise", PP_CFG_STRING, advertise, 0, 0, "host:port others reach this stage at"),
     KEY("model_root", PP_CFG_STRING, model_root, 0, 0, "folder models are loaded from"),
-    KEY("threads", PP_CFG_INT, threads, 1, 1024, "compute threads, shared among the tp workers"),
+    KEY("threads", PP_CFG_INT, threads, 0, 1024,
+        "compute threads, shared among the tp workers (0: one per CPU this process may use)"),
     CHECKED("devices", devices, pp_device_spec_check,
             "auto | cpu | cuda:N[,N...] (auto: the GPUs when present, else the CPU)"),
     CHECKED("cpu_weights", cpu_weights, pp_cpu_weights_check,
@@ -46,7 +47,7 @@ void pp_stage_config_defaults(struct pp_stage_config *c)
     snprintf(c->log_level, sizeof(c->log_level), "info");
     snprintf(c->devices, sizeof(c->devices), "auto");
     snprintf(c->cpu_weights, sizeof(c->cpu_weights), "copy");
-    c->threads = 2;
+    c->threads = 0; /* the CPUs this process may use (common/limits.h) */
     c->kv_mb = 1024;
     c->max_batch_tokens = 512;
     c->queue_depth = 4;

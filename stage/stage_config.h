@@ -10,7 +10,7 @@ struct pp_stage_config {
     char listen[PP_CFG_STR_MAX];      /* host:port this stage serves on */
     char advertise[PP_CFG_STR_MAX];   /* host:port others reach it at ("" = listen) */
     char model_root[PP_CFG_STR_MAX];  /* models are loaded only from below this folder */
-    int64_t threads;                  /* compute threads, shared among the tp workers */
+    int64_t threads;                  /* compute threads, shared among the tp workers; 0: per CPU */
     char devices[PP_CFG_STR_MAX];     /* "auto" | "cpu" | "cuda:N[,N...]" (kernels/devices.h) */
     char cpu_weights[PP_CFG_STR_MAX]; /* "copy" | "map": CPU weights copied or used in place */
     int64_t tp;                       /* tensor-parallel workers; 0 = 1, or ep when ep is set */

@@ -19,6 +19,7 @@
 #include "client/remote/cluster_proc.h"
 #include "client/remote/remote.h"
 #include "common/alloc.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "kernels/devices.h"
 
@@ -380,7 +381,8 @@ int pp_cmd_cluster(int argc, char **argv)
     o.log_level = "warn";
     o.devices = "auto";
     o.cpu_weights = "copy";
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    struct pp_cpus cpus;
+    pp_cpus_read(&cpus);
     struct pp_arg args[] = {
         {"model", PP_ARG_STRING, &o.model, 0, 0, "GGUF file or HF checkpoint directory (required)"},
         {"stages", PP_ARG_INT, &o.stages, 1, 64, "stage processes (default 2)"},
@@ -388,7 +390,7 @@ int pp_cmd_cluster(int argc, char **argv)
         {"port", PP_ARG_INT, &o.port, 1, 65535,
          "the coordinator's port on 127.0.0.1 (default 7000)"},
         {"threads", PP_ARG_INT, &o.threads, 1, 1024,
-         "compute threads per stage, shared by its tp workers (default: CPUs / stages)"},
+         "compute threads per stage, shared by its tp workers (default: usable CPUs / stages)"},
         {"tp", PP_ARG_INT, &o.tp, 1, 64,
          "tensor-parallel workers per stage, stages x tp in all (default 1; --ep alone sets it)"},
         {"ep", PP_ARG_INT, &o.ep, 1, 64,
@@ -419,8 +421,9 @@ int pp_cmd_cluster(int argc, char **argv)
         pp_id_list_free(&o.layers);
         return rc;
     }
-    if (!pp_args_seen(args, n, "threads"))
-        o.threads = ncpu / o.stages > 1 ? (int32_t)(ncpu / o.stages) : 1;
+    int threads_given = pp_args_seen(args, n, "threads");
+    if (!threads_given)
+        o.threads = cpus.usable / o.stages > 1 ? cpus.usable / o.stages : 1;
     /* what --devices means here, once for all the stages: "auto" takes GPUs only when there are
      * enough for every stage's workers; an explicit list that cannot be used stops here */
     char note[512];
@@ -432,6 +435,11 @@ int pp_cmd_cluster(int argc, char **argv)
     }
     if (note[0])
         PP_INFO("devices=cpu requested=%s reason=\"no GPU is used: %s\"", o.devices, note);
+    char warn[1024];
+    pp_cpus_threads(&cpus, o.stages * o.threads, warn, sizeof(warn));
+    if (threads_given && o.use.kind == PP_DEVICE_CPU && warn[0])
+        PP_WARN("%d stages, %d thread%s each: %s", o.stages, o.threads, o.threads == 1 ? "" : "s",
+                warn);
     struct model_path m;
     char coord_path[PATH_MAX], stage_path[PATH_MAX];
     rc = 1;
