@@ -12,6 +12,7 @@
 #include "kernels/devices.h"
 #include "model/executor.h"
 #include "model/generate.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/shard.h"
 #include "model/tokenizer.h"
@@ -161,6 +162,27 @@ done:
     return rc;
 }
 
+/* cpu_weights = copy holds a copy of every weight beside the KV cache; where that does not fit the
+ * memory this process may use (a cgroup limit), the kernel would stop the process mid-load with no
+ * word, so the weights are used from the mapped file instead (whose pages the kernel can drop and
+ * read again). Returns 1 to map. */
+static int copy_would_not_fit(const struct run_opts *o, const struct pp_model *m)
+{
+    const struct pp_model_config *c = &m->cfg;
+    int64_t ctx = o->ctx > 0 ? o->ctx : c->max_context;
+    int64_t kv = pp_kv_block_bytes(c->n_layers, c->n_kv_heads * c->head_dim, 1) * ctx;
+    if (kv > ((int64_t)1 << 30)) /* the executor's cap on a default budget */
+        kv = (int64_t)1 << 30;
+    struct pp_memory mem;
+    char why[1024];
+    pp_memory_read(&mem);
+    if (pp_memory_fits(&mem, (uint64_t)pp_model_weight_bytes(m), (uint64_t)kv, why, sizeof(why)))
+        return 0;
+    PP_WARN("cpu_weights=copy: %s; computing from the mapped model file instead (--cpu-weights "
+            "map)", why);
+    return 1;
+}
+
 int pp_cmd_run(int argc, char **argv)
 {
     struct run_opts o = {0};
@@ -275,6 +297,8 @@ int pp_cmd_run(int argc, char **argv)
         rc = pp_cli_fail("run", st);
         goto done;
     }
+    if (use.kind == PP_DEVICE_CPU && !map_weights)
+        map_weights = copy_would_not_fit(&o, m);
     for (int r = 0; r < o.tp; r++)
         pp_backend_cpu_map_weights(bes[r], map_weights);
     if (use.kind == PP_DEVICE_CPU && o.tp > o.threads)

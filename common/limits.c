@@ -319,3 +319,24 @@ void pp_memory_describe(const struct pp_memory *m, char *out, size_t n)
         snprintf(out, n, "%.2f GiB usable (host %.2f GiB, no cgroup limit)",
                  (double)m->usable / gib, (double)m->host / gib);
 }
+
+int pp_memory_fits(const struct pp_memory *m, uint64_t copy_bytes, uint64_t other_bytes, char *why,
+                   size_t n)
+{
+    const double mib = 1024.0 * 1024.0;
+    if (n)
+        why[0] = 0;
+    if (m->usable == 0 || copy_bytes + other_bytes + PP_MEMORY_HEADROOM <= m->usable)
+        return 1;
+    char where[600];
+    if (m->limit > 0 && m->limit <= m->host)
+        snprintf(where, sizeof(where), "the cgroup limit in %s", m->limit_file);
+    else
+        snprintf(where, sizeof(where), "the host's memory");
+    snprintf(why, n,
+             "the weights (%.1f MiB) beside the KV cache (%.1f MiB) and %.0f MiB for the rest need "
+             "more than the %.1f MiB this process may use (%s)",
+             (double)copy_bytes / mib, (double)other_bytes / mib,
+             (double)PP_MEMORY_HEADROOM / mib, (double)m->usable / mib, where);
+    return 0;
+}

@@ -50,6 +50,12 @@ void pp_memory_read(struct pp_memory *m);
 /* One line for the log: "7.50 GiB usable (host 23.45 GiB, cgroup limit 7.50 GiB in ...)". */
 void pp_memory_describe(const struct pp_memory *m, char *out, size_t n);
 
+/* Whether copy_bytes beside other_bytes leave PP_MEMORY_HEADROOM of m's usable memory free; if
+ * not, why says so with the figures and where the limit came from. */
+#define PP_MEMORY_HEADROOM ((uint64_t)64 << 20) /* the process's own code, buffers, activations */
+int pp_memory_fits(const struct pp_memory *m, uint64_t copy_bytes, uint64_t other_bytes, char *why,
+                   size_t n);
+
 /* pp_cpus_cgroup_quota for memory: the tightest v2 memory.max or v1 memory.limit_in_bytes (v1's
  * "unlimited", 2^63 less a page, is none), in bytes. */
 double pp_memory_cgroup_limit(const char *mountinfo, const char *cgroup_file, char *from,

@@ -2,7 +2,8 @@
 mask (taskset, a cpuset) or a cgroup CPU quota (a Kubernetes CPU limit, docker --cpus). Without
 --threads, `ppserve run` starts one thread per usable CPU and says how it counted them; with more
 threads than that it warns, and the tokens stay the same. `ppserve devices` shows the usable CPUs
-and the usable memory (a cgroup memory limit below the host's RAM)."""
+and the usable memory (a cgroup memory limit below the host's RAM). Where copying the weights
+would not fit that memory, `ppserve run` computes from the mapped file instead of being killed."""
 import os
 import re
 import subprocess
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PPSERVE
+from conftest import PPSERVE, run
+
+BIG = ("--dim", "512", "--layers", "8", "--heads", "8", "--kv-heads", "4", "--ffn", "2048",
+       "--vocab", "8000", "--ctx", "256", "--dtype", "f32")  # 151 MiB of weights
 
 SMALL = ("--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "96",
          "--vocab", "300", "--ctx", "128", "--dtype", "f16")
@@ -107,6 +111,15 @@ def memory_cgroup():
     yield from v1_cgroup("memory", [("memory.limit_in_bytes", str(768 << 20))])
 
 
+@pytest.fixture
+def small_memory_cgroup():
+    """A cgroup v1 memory folder limited to 128 MiB (a sanitizer's own memory would not fit)."""
+    if "asan" in Path(PPSERVE).resolve().as_posix() or \
+            "libasan" in run(["ldd", PPSERVE], check=False).stdout:
+        pytest.skip("a sanitized build needs more than 128 MiB of its own")
+    yield from v1_cgroup("memory", [("memory.limit_in_bytes", str(128 << 20))])
+
+
 def test_default_follows_a_cgroup_quota(model, quota_cgroup):
     every = os.sched_getaffinity(0)
     p = run_limited([PPSERVE, "run", "--model", model, "--device", "cpu", *ARGS], cpus=every,
@@ -128,3 +141,21 @@ def test_devices_shows_a_cgroup_memory_limit(memory_cgroup):
     want = (f"memory: 0.75 GiB usable (host {m.group(2)} GiB, cgroup limit 0.75 GiB in "
             f"{memory_cgroup}/memory.limit_in_bytes)")
     assert want in p.stdout, p.stdout
+
+
+def test_weights_that_would_not_fit_are_mapped(models, small_memory_cgroup):
+    big = models.get("limits_big", *BIG, "--seed", "5") / "model.gguf"
+    args = [PPSERVE, "run", "--model", big, "--device", "cpu", "--prompt-ids", "1,2,3",
+            "--max-tokens", "4", "--json"]
+    free = run_limited(args)
+    assert free.returncode == 0, free.stderr
+    assert "cpu_weights=copy" not in free.stderr, free.stderr
+    held = run_limited(args, cgroup=small_memory_cgroup)
+    assert held.returncode == 0, held.stderr  # copying 151 MiB there: killed, exit 137
+    want = ("cpu_weights=copy: the weights (151.2 MiB) beside the KV cache (4.0 MiB) and 64 MiB "
+            "for the rest need more than the 128.0 MiB this process may use (the cgroup limit in "
+            f"{small_memory_cgroup}/memory.limit_in_bytes); computing from the mapped model file "
+            "instead (--cpu-weights map)")
+    assert want in held.stderr, held.stderr
+    assert held.stdout.split('"prefill_tokens_per_s"')[0] == \
+        free.stdout.split('"prefill_tokens_per_s"')[0]

@@ -184,6 +184,30 @@ static void test_memory(void **state)
     assert_non_null(strstr(b, " GiB usable (host "));
 }
 
+/* Whether a copy fits: exactly up to the usable memory less the headroom; the reason names the
+ * figures and the limit's file, or the host. */
+static void test_memory_fits(void **state)
+{
+    (void)state;
+    struct pp_memory m = {.host = (uint64_t)16 << 30, .limit = (uint64_t)1 << 30,
+                          .usable = (uint64_t)1 << 30};
+    snprintf(m.limit_file, sizeof(m.limit_file), "/sys/fs/cgroup/pod/memory.max");
+    char why[1024];
+    uint64_t room = m.usable - PP_MEMORY_HEADROOM;
+    assert_true(pp_memory_fits(&m, room - (100 << 20), 100 << 20, why, sizeof(why)));
+    assert_string_equal(why, "");
+    assert_false(pp_memory_fits(&m, room - (100 << 20) + 1, 100 << 20, why, sizeof(why)));
+    assert_non_null(strstr(why, "the weights (860.0 MiB) beside the KV cache (100.0 MiB) and 64 "
+                                "MiB for the rest need more than the 1024.0 MiB this process may "
+                                "use (the cgroup limit in /sys/fs/cgroup/pod/memory.max)"));
+    m.limit = 0;
+    m.usable = m.host;
+    assert_false(pp_memory_fits(&m, (uint64_t)17 << 30, 0, why, sizeof(why)));
+    assert_non_null(strstr(why, "(the host's memory)"));
+    m.usable = 0; /* unknown: nothing to say */
+    assert_true(pp_memory_fits(&m, (uint64_t)17 << 30, 0, why, sizeof(why)));
+}
+
 /* This process: usable is the affinity mask's count (or the quota, if tighter), at least 1, and
  * follows a narrower mask. The compute threads default to it and warn above it. */
 static void test_this_process(void **state)
@@ -231,6 +255,7 @@ int main(void)
         cmocka_unit_test(test_mount_root_and_escapes),
         cmocka_unit_test(test_hybrid_and_garbage),
         cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_memory_fits),
         cmocka_unit_test(test_this_process),
     };
     return cmocka_run_group_tests(tests, pp_test_dir_setup, pp_test_dir_teardown);
