@@ -34,6 +34,7 @@
 #include "bench/bench.h"
 #include "common/alloc.h"
 #include "common/json_write.h"
+#include "common/limits.h"
 #include "kernels/cpu/simd.h"
 #include "model/executor.h"
 #include "model/model.h"
@@ -464,6 +465,15 @@ int main(int argc, char **argv)
 
     printf("pp_bench: %d threads, tinyllama, prompt %d, decode %d\n", o.threads, o.prompt,
            o.decode);
+    /* threads beyond the usable CPUs share them: the peak and the kernels would measure that */
+    struct pp_cpus cpus;
+    char cpu_line[1024], cpu_warn[1024];
+    pp_cpus_read(&cpus);
+    pp_cpus_describe(&cpus, cpu_line, sizeof(cpu_line));
+    pp_cpus_threads(&cpus, o.threads, cpu_warn, sizeof(cpu_warn));
+    printf("cpus: %s\n", cpu_line);
+    if (cpu_warn[0])
+        printf("warning: %s\n", cpu_warn);
     /* the machine's limits, measured now and again after the models; the best of the two is the
      * bound (a busy neighbour can only lower a measurement) */
     double load0 = pp_bench_loadavg();
@@ -601,6 +611,8 @@ int main(int argc, char **argv)
         pp_json_begin_object(&j);
         pp_json_key(&j, "threads");
         pp_json_int(&j, o.threads);
+        pp_json_key(&j, "usable_cpus");
+        pp_json_int(&j, cpus.usable);
         pp_json_key(&j, "shape");
         pp_json_cstring(&j, "tinyllama");
         pp_json_key(&j, "prompt_tokens");
