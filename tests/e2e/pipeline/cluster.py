@@ -85,6 +85,17 @@ def scaled(seconds):
     return seconds * TIME_SCALE
 
 
+def terminate(proc, seconds=30):
+    """SIGTERM, then SIGKILL after seconds (scaled), unless the process has ended."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(scaled(seconds))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def need_daemons():
     missing = [str(p) for p in (COORDINATOR, STAGE) if not p.exists()]
     if missing:

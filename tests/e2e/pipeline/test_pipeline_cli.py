@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster import (CLEAN_ENV, MODEL_FLAGS, PPSERVE, free_port, need_daemons, scaled,
-                     single_process, wait_until)
+                     single_process, terminate, wait_until)
 from conftest import run
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
@@ -58,13 +58,7 @@ def ppcluster(model, tmp_path):
         yield proc
     finally:
         kids = children(proc.pid)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(scaled(30))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc)
         for k in kids:
             try:
                 os.kill(k, signal.SIGKILL)

@@ -5,14 +5,13 @@ stage in a cgroup with a memory limit logs that limit as the memory it offers th
 stage is started alone (its coordinator not up yet) and read from its log."""
 import os
 import re
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cluster import (CLEAN_ENV, MODEL_FLAGS, PPSERVE, STAGE, free_port, need_daemons, scaled,
-                     wait_until)
+from cluster import (CLEAN_ENV, MODEL_FLAGS, PPSERVE, SANITIZER_MARKS, STAGE, free_port,
+                     need_daemons, scaled, terminate, wait_until)
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
 
@@ -46,12 +45,9 @@ def workers_line(proc, log):
         m = wait_until(seen, scaled(60), "the stage's workers line")
         return int(m.group(1)), log.read_text(errors="replace")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(scaled(30))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
+        text = log.read_text(errors="replace")
+        assert not any(mark in text for mark in SANITIZER_MARKS), text[-5000:]
 
 
 def test_stage_threads_default_to_the_usable_cpus(tmp_path):
@@ -84,8 +80,7 @@ def test_cluster_warns_when_its_stages_share_too_few_cpus(models, tmp_path):
         text = wait_until(lambda: "serving" in log.read_text(errors="replace") and
                           log.read_text(errors="replace"), scaled(60), "the cluster serving")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(scaled(60))
+        terminate(proc, 60)
     assert "2 stages, 1 thread each: 2 compute threads on 1 usable CPU (" in text, text
 
 

@@ -8,14 +8,13 @@ no arithmetic. Status reports each stage's degrees and the bytes it all-reduced.
 model cannot split are refused by the stage on Assign, and the coordinator (Status, `blocked`)
 and `ppserve cluster` (exit 1 at once) say why, naming tp and the heads."""
 import json
-import signal
 import subprocess
 
 import numpy as np
 import pytest
 
 from cluster import (CLEAN_ENV, MODEL_DIM, MODEL_FLAGS, MODEL_VOCAB, PPSERVE, SANITIZER_MARKS,
-                     free_port, grpc, json_line, need_daemons, scaled, wait_until)
+                     free_port, grpc, json_line, need_daemons, scaled, terminate, wait_until)
 from conftest import rel_err, run
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
@@ -141,13 +140,7 @@ def run_cluster(model, tmp_path, *flags):
 
 def stop(proc):
     """SIGTERM (SIGKILL after 30 s) unless it ended; its log must hold no sanitizer report."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(scaled(30))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    terminate(proc)
     text = proc.log.read_text(errors="replace")
     assert not any(m in text for m in SANITIZER_MARKS), text[-5000:]
 
