@@ -421,8 +421,7 @@ int pp_cmd_cluster(int argc, char **argv)
         pp_id_list_free(&o.layers);
         return rc;
     }
-    int threads_given = pp_args_seen(args, n, "threads");
-    if (!threads_given)
+    if (!pp_args_seen(args, n, "threads"))
         o.threads = cpus.usable / o.stages > 1 ? cpus.usable / o.stages : 1;
     /* what --devices means here, once for all the stages: "auto" takes GPUs only when there are
      * enough for every stage's workers; an explicit list that cannot be used stops here */
@@ -437,7 +436,7 @@ int pp_cmd_cluster(int argc, char **argv)
         PP_INFO("devices=cpu requested=%s reason=\"no GPU is used: %s\"", o.devices, note);
     char warn[1024];
     pp_cpus_threads(&cpus, o.stages * o.threads, warn, sizeof(warn));
-    if (threads_given && o.use.kind == PP_DEVICE_CPU && warn[0])
+    if (o.use.kind == PP_DEVICE_CPU && warn[0]) /* more stages than CPUs, or --threads */
         PP_WARN("%d stages, %d thread%s each: %s", o.stages, o.threads, o.threads == 1 ? "" : "s",
                 warn);
     struct model_path m;

@@ -66,14 +66,15 @@ def test_stage_threads_above_the_cpus_warn(tmp_path):
     assert re.search(r" warn .*2 compute threads on 1 usable CPU \(", text), text
 
 
-def test_cluster_warns_when_its_stages_share_too_few_cpus(models, tmp_path):
+@pytest.mark.parametrize("flags", [("--threads", "1"), ()], ids=["threads", "default"])
+def test_cluster_warns_when_its_stages_share_too_few_cpus(models, tmp_path, flags):
     need_daemons()
     model = models.get("pipe6", *MODEL_FLAGS) / "model.gguf"
     one = {min(os.sched_getaffinity(0))}
     log = tmp_path / "cluster.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen([PPSERVE, "cluster", "--model", str(model), "--stages", "2",
-                                 "--threads", "1", "--port", str(free_port())],
+                                 *flags, "--port", str(free_port())],
                                 stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV,
                                 preexec_fn=lambda: os.sched_setaffinity(0, one))
     try:
