@@ -1,8 +1,9 @@
 """The pipeline's compute threads: the stage daemon's `threads = 0` (the default) starts one per CPU
 the daemon may use (its affinity mask and cgroup quota), and a configured count above that is kept
 with a warning; `ppserve cluster` warns when its stages' threads together exceed those CPUs. A
-stage in a cgroup with a memory limit logs that limit as the memory it offers the coordinator. The
-stage is started alone (its coordinator not up yet) and read from its log."""
+stage in a cgroup with a memory limit logs that limit and registers it as its memory, so the
+coordinator does not plan a model into it that the kernel would kill it for. A stage is started
+alone (its coordinator not up yet) or beside a coordinator, and read from the logs."""
 import os
 import re
 import subprocess
@@ -10,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from cluster import (CLEAN_ENV, MODEL_FLAGS, PPSERVE, SANITIZER_MARKS, STAGE, free_port,
-                     need_daemons, scaled, terminate, wait_until)
+from cluster import (CLEAN_ENV, COORDINATOR, MODEL_FLAGS, PPSERVE, SANITIZER_MARKS, STAGE,
+                     _sanitized, free_port, need_daemons, scaled, terminate, wait_until)
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
 
 
-def start_stage(tmp_path, cpus, *flags, cgroup=None):
-    """ppserve-stage on cpus (and in the cgroup folder), logging to a file; returns (process, log
-    path)."""
+def start_stage(tmp_path, cpus, *flags, cgroup=None, coordinator=None, model_root=None):
+    """ppserve-stage on cpus (and in the cgroup folder), logging to a file, registering with
+    coordinator (by default a port where none listens); returns (process, log path)."""
     need_daemons()
     log = tmp_path / "stage.log"
 
@@ -27,8 +28,9 @@ def start_stage(tmp_path, cpus, *flags, cgroup=None):
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
         os.sched_setaffinity(0, cpus)
     with open(log, "wb") as f:
-        proc = subprocess.Popen([str(STAGE), "--coordinator", f"127.0.0.1:{free_port()}",
-                                 "--listen", "127.0.0.1:0", "--model_root", str(tmp_path),
+        proc = subprocess.Popen([str(STAGE), "--coordinator",
+                                 coordinator or f"127.0.0.1:{free_port()}", "--listen",
+                                 "127.0.0.1:0", "--model_root", str(model_root or tmp_path),
                                  "--log_level", "info", *flags],
                                 stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV,
                                 preexec_fn=limit)
@@ -86,15 +88,16 @@ def test_cluster_warns_when_its_stages_share_too_few_cpus(models, tmp_path, flag
 
 
 @pytest.fixture
-def memory_cgroup():
-    """A cgroup v1 memory folder limited to 768 MiB; removed at the end."""
+def memory_cgroup(request):
+    """A cgroup v1 memory folder limited to request.param MiB (768 by default); removed at the
+    end."""
     top = Path("/sys/fs/cgroup/memory")
     if os.geteuid() != 0 or not top.is_dir() or not os.access(top, os.W_OK):
         pytest.skip(f"no writable cgroup v1 memory hierarchy at {top}")
     d = top / f"ppserve-stage-test-{os.getpid()}"
     d.mkdir()
     try:
-        (d / "memory.limit_in_bytes").write_text(str(768 << 20))
+        (d / "memory.limit_in_bytes").write_text(str(getattr(request, "param", 768) << 20))
         yield d
     finally:
         d.rmdir()
@@ -105,3 +108,36 @@ def test_stage_offers_its_cgroup_memory_limit(tmp_path, memory_cgroup):
     _, text = workers_line(*start_stage(tmp_path, every, cgroup=memory_cgroup))
     assert re.search(r"memory: 0\.75 GiB usable \(host [0-9.]+ GiB, cgroup limit 0\.75 GiB in "
                      + re.escape(str(memory_cgroup)) + r"/memory\.limit_in_bytes\)", text), text
+
+
+# 605 MiB of f32 weights: more than a 512 MiB stage can hold
+BIG = ("--dim", "1024", "--layers", "8", "--heads", "8", "--kv-heads", "4", "--ffn", "4096",
+       "--vocab", "16000", "--ctx", "256", "--dtype", "f32", "--seed", "9")
+
+
+@pytest.mark.parametrize("memory_cgroup", [512], indirect=True)
+def test_coordinator_plans_within_a_stages_cgroup_memory(models, tmp_path, memory_cgroup):
+    if _sanitized(STAGE):
+        pytest.skip("a sanitized stage needs more than 512 MiB of its own")
+    need_daemons()
+    root = models.get("limits_big", *BIG)
+    port = free_port()
+    clog, slog = tmp_path / "coordinator.log", tmp_path / "stage.log"
+    with open(clog, "wb") as f:
+        coord = subprocess.Popen([str(COORDINATOR), "--listen", f"127.0.0.1:{port}", "--model",
+                                  "model.gguf", "--model_root", str(root), "--stages", "1",
+                                  "--log_level", "info"],
+                                 stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV)
+    stage, _ = start_stage(tmp_path, os.sched_getaffinity(0), "--kv_mb", "64",
+                           cgroup=memory_cgroup, coordinator=f"127.0.0.1:{port}", model_root=root)
+    try:
+        text = wait_until(lambda: "pipeline not formed" in clog.read_text(errors="replace") and
+                          clog.read_text(errors="replace"), scaled(60), "the coordinator's plan")
+    finally:
+        terminate(stage)
+        terminate(coord)
+    # before, the stage offered the host's RAM (23.5 GiB here) as its memory
+    assert re.search(r"stage registered id=\d+ .* worker_memory_mib=512 ", text), text
+    assert "no partition of 8 layers fits the stages' memory" in text, text
+    assert f"workers have {512 << 20} in all" in text, text
+    assert stage.returncode == 0, slog.read_text(errors="replace")
