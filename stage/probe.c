@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/threadpool.h"
@@ -16,6 +17,10 @@
 
 #define PROBE_ROWS 4096
 #define PROBE_COLS 8192 /* [4096, 8192] f16: 64 MiB, beyond a 32 MiB L3 (a cached probe is noisy) */
+#define PROBE_ROW_UNIT 128
+/* The weight and its loaded copy take at most this share of the memory the stage may use: a
+ * stage held to 160 MiB by its cgroup was killed by the kernel in its 2 × 64 MiB probe. */
+#define PROBE_MEMORY_SHARE 4
 #define PROBE_RUNS 5
 
 /* Worker r's part: its slice of the weight as its backend loaded it, and its buffers (backend
@@ -77,7 +82,17 @@ pp_status pp_stage_probe(const struct pp_device_spec *devices, int threads, int 
     struct probe_worker p[PP_STAGE_MAX_WORKERS];
     memset(p, 0, sizeof(p));
     struct pp_threadpool *pool = NULL;
-    size_t n_w = (size_t)PROBE_ROWS * PROBE_COLS;
+    /* fewer rows where the memory this process may use is small (common/limits.h) */
+    struct pp_memory mem;
+    pp_memory_read(&mem);
+    int64_t rows = PROBE_ROWS;
+    while (rows > PROBE_ROW_UNIT * workers && mem.usable > 0 &&
+           (uint64_t)rows * PROBE_COLS * 2 * 2 > mem.usable / PROBE_MEMORY_SHARE)
+        rows /= 2;
+    if (rows < PROBE_ROWS)
+        PP_INFO("probe: %lld of %d rows, for the %.1f MiB this process may use",
+                (long long)rows, PROBE_ROWS, (double)mem.usable / (1024.0 * 1024.0));
+    size_t n_w = (size_t)rows * PROBE_COLS;
     uint16_t *w = pp_alloc_aligned(PP_MEM_MISC, n_w * sizeof(uint16_t)); /* [ROWS, COLS] f16 */
     float *x = pp_alloc_aligned(PP_MEM_MISC, PROBE_COLS * sizeof(float)); /* [1, COLS] */
     pp_status st = PP_OK;
@@ -100,7 +115,7 @@ pp_status pp_stage_probe(const struct pp_device_spec *devices, int threads, int 
     for (int r = 0; r < workers && st == PP_OK; r++) {
         struct pp_backend *be = p[r].be = bes[r];
         int64_t b, e;
-        pp_shard_split(PROBE_ROWS, workers, r, 128, &b, &e);
+        pp_shard_split(rows, workers, r, PROBE_ROW_UNIT, &b, &e);
         p[r].slice =
             (struct pp_weight){w + (size_t)b * PROBE_COLS, PP_DTYPE_F16, e - b, PROBE_COLS};
         if ((st = be->ops->reserve(be, PROBE_COLS, 1)) == PP_OK &&

@@ -141,3 +141,19 @@ def test_coordinator_plans_within_a_stages_cgroup_memory(models, tmp_path, memor
     assert "no partition of 8 layers fits the stages' memory" in text, text
     assert f"workers have {512 << 20} in all" in text, text
     assert stage.returncode == 0, slog.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("memory_cgroup", [160], indirect=True)
+def test_stage_probe_fits_a_small_cgroup(tmp_path, memory_cgroup):
+    if _sanitized(STAGE):
+        pytest.skip("a sanitized stage needs more than 160 MiB of its own")
+    proc, log = start_stage(tmp_path, os.sched_getaffinity(0), cgroup=memory_cgroup)
+    try:
+        text = wait_until(lambda: (proc.poll() is not None or "probe: device=" in
+                                   log.read_text(errors="replace")) and
+                          log.read_text(errors="replace"), scaled(60), "the stage's probe")
+    finally:
+        terminate(proc)
+    # before, the probe's 64 MiB weight and its 64 MiB copy got the stage killed here (SIGKILL)
+    assert proc.returncode == 0, text
+    assert "probe: 1024 of 4096 rows, for the 160.0 MiB this process may use" in text, text
