@@ -173,10 +173,8 @@ static int copy_would_not_fit(const struct run_opts *o, const struct pp_model *m
     int64_t kv = pp_kv_block_bytes(c->n_layers, c->n_kv_heads * c->head_dim, 1) * ctx;
     if (kv > ((int64_t)1 << 30)) /* the executor's cap on a default budget */
         kv = (int64_t)1 << 30;
-    struct pp_memory mem;
     char why[1024];
-    pp_memory_read(&mem);
-    if (pp_memory_fits(&mem, (uint64_t)pp_model_weight_bytes(m), (uint64_t)kv, why, sizeof(why)))
+    if (pp_memory_fits_now((uint64_t)pp_model_weight_bytes(m), (uint64_t)kv, why, sizeof(why)))
         return 0;
     PP_WARN("cpu_weights=copy: %s; computing from the mapped model file instead (--cpu-weights "
             "map)", why);

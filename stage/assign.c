@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
@@ -88,6 +89,21 @@ static void asg_free(struct pp_stage_assignment *a, int hop_timeout_ms)
     pp_free(PP_MEM_MISC, a);
 }
 
+/* cpu_weights = copy holds a copy of the range's weights beside the KV budget; where that does not
+ * fit the memory this process may use (the coordinator plans weights and KV up to the registered
+ * memory, with no headroom), the weights are used from the mapped file instead of the kernel
+ * killing the stage mid-load. Returns 1 to map. */
+static int copy_would_not_fit(const struct pp_model *m, int64_t kv_bytes)
+{
+    char why[1024];
+    if (pp_memory_fits_now((uint64_t)pp_model_weight_bytes(m), (uint64_t)kv_bytes, why,
+                           sizeof(why)))
+        return 0;
+    PP_WARN("cpu_weights=copy: %s; computing from the mapped model file instead (cpu_weights = "
+            "\"map\")", why);
+    return 1;
+}
+
 static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, const char *path,
                       const char *id, int32_t n_layers, struct pp_stage_assignment **out)
 {
@@ -110,14 +126,16 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
     if (st == PP_OK)
         st = pp_backends_new(&s->devices, (int)s->cfg.threads, a->n_workers, a->bes);
     if (st == PP_OK) {
-        int map = 0;
-        (void)pp_cpu_weights_parse(s->cfg.cpu_weights, &map); /* checked at start-up */
-        for (int r = 0; r < a->n_workers; r++)
-            pp_backend_cpu_map_weights(a->bes[r], map);
         struct pp_executor_opts eo = {0};
         eo.max_batch_tokens = a->max_batch_tokens;
         eo.kv_budget_bytes = m->kv_budget_bytes > 0 ? (int64_t)m->kv_budget_bytes
                                                     : s->cfg.kv_mb * ((int64_t)1 << 20);
+        int map = 0;
+        (void)pp_cpu_weights_parse(s->cfg.cpu_weights, &map); /* checked at start-up */
+        if (!map && s->devices.kind == PP_DEVICE_CPU)
+            map = copy_would_not_fit(a->model, eo.kv_budget_bytes);
+        for (int r = 0; r < a->n_workers; r++)
+            pp_backend_cpu_map_weights(a->bes[r], map);
         eo.max_seqs = PP_STAGE_MAX_SEQS;
         eo.ep = s->ep;
         st = pp_executor_new_workers(a->model, a->bes, a->n_workers, &eo, &a->ex);

@@ -4,6 +4,7 @@ with a warning; `ppserve cluster` warns when its stages' threads together exceed
 stage in a cgroup with a memory limit logs that limit and registers it as its memory, so the
 coordinator does not plan a model into it that the kernel would kill it for. A stage is started
 alone (its coordinator not up yet) or beside a coordinator, and read from the logs."""
+import json
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 from cluster import (CLEAN_ENV, COORDINATOR, MODEL_FLAGS, PPSERVE, SANITIZER_MARKS, STAGE,
                      _sanitized, free_port, need_daemons, scaled, terminate, wait_until)
+from conftest import run
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
 
@@ -115,21 +117,27 @@ BIG = ("--dim", "1024", "--layers", "8", "--heads", "8", "--kv-heads", "4", "--f
        "--vocab", "16000", "--ctx", "256", "--dtype", "f32", "--seed", "9")
 
 
-@pytest.mark.parametrize("memory_cgroup", [512], indirect=True)
-def test_coordinator_plans_within_a_stages_cgroup_memory(models, tmp_path, memory_cgroup):
-    if _sanitized(STAGE):
-        pytest.skip("a sanitized stage needs more than 512 MiB of its own")
+def start_pair(tmp_path, root, cgroup):
+    """A coordinator for root's model.gguf on one stage, and that stage in the cgroup folder;
+    returns (coordinator, stage, coordinator log, address)."""
     need_daemons()
-    root = models.get("limits_big", *BIG)
     port = free_port()
-    clog, slog = tmp_path / "coordinator.log", tmp_path / "stage.log"
+    clog = tmp_path / "coordinator.log"
     with open(clog, "wb") as f:
         coord = subprocess.Popen([str(COORDINATOR), "--listen", f"127.0.0.1:{port}", "--model",
                                   "model.gguf", "--model_root", str(root), "--stages", "1",
                                   "--log_level", "info"],
                                  stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV)
-    stage, _ = start_stage(tmp_path, os.sched_getaffinity(0), "--kv_mb", "64",
-                           cgroup=memory_cgroup, coordinator=f"127.0.0.1:{port}", model_root=root)
+    stage, _ = start_stage(tmp_path, os.sched_getaffinity(0), "--kv_mb", "64", cgroup=cgroup,
+                           coordinator=f"127.0.0.1:{port}", model_root=root)
+    return coord, stage, clog, f"127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("memory_cgroup", [512], indirect=True)
+def test_coordinator_plans_within_a_stages_cgroup_memory(models, tmp_path, memory_cgroup):
+    if _sanitized(STAGE):
+        pytest.skip("a sanitized stage needs more than 512 MiB of its own")
+    coord, stage, clog, _ = start_pair(tmp_path, models.get("limits_big", *BIG), memory_cgroup)
     try:
         text = wait_until(lambda: "pipeline not formed" in clog.read_text(errors="replace") and
                           clog.read_text(errors="replace"), scaled(60), "the coordinator's plan")
@@ -140,7 +148,30 @@ def test_coordinator_plans_within_a_stages_cgroup_memory(models, tmp_path, memor
     assert re.search(r"stage registered id=\d+ .* worker_memory_mib=512 ", text), text
     assert "no partition of 8 layers fits the stages' memory" in text, text
     assert f"workers have {512 << 20} in all" in text, text
-    assert stage.returncode == 0, slog.read_text(errors="replace")
+    assert stage.returncode == 0, (tmp_path / "stage.log").read_text(errors="replace")
+
+
+@pytest.mark.parametrize("memory_cgroup", [640], indirect=True)
+def test_stage_maps_weights_its_memory_cannot_copy(models, tmp_path, memory_cgroup):
+    """The plan fits 640 MiB (605 MiB of weights and the planner's KV reserve), but a copy beside
+    the 64 MiB KV budget would not: the stage maps the weights and serves the run's tokens."""
+    if _sanitized(STAGE):
+        pytest.skip("a sanitized stage needs more than 640 MiB of its own")
+    root = models.get("limits_big", *BIG)
+    want = run([PPSERVE, "run", "--model", str(root / "model.gguf"), "--prompt-ids", "1,2,3",
+                "--max-tokens", "3", "--json", "--cpu-weights", "map"])
+    coord, stage, _, addr = start_pair(tmp_path, root, memory_cgroup)
+    try:
+        run([PPSERVE, "status", "--addr", addr, "--wait", str(int(scaled(60)))])
+        got = run([PPSERVE, "generate", "--addr", addr, "--prompt-ids", "1,2,3", "--max-tokens",
+                   "3", "--json"])
+    finally:
+        terminate(stage)
+        terminate(coord)
+    text = (tmp_path / "stage.log").read_text(errors="replace")
+    assert stage.returncode == 0, text  # copying there: killed by the kernel while loading
+    assert "cpu_weights=copy: the weights (605.0 MiB) beside the KV cache (64.0 MiB)" in text, text
+    assert json.loads(got.stdout)["ids"] == json.loads(want.stdout)["ids"]
 
 
 @pytest.mark.parametrize("memory_cgroup", [160], indirect=True)
