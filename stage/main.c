@@ -159,9 +159,10 @@ static pp_status resolve_devices(struct pp_stage *s)
     return PP_OK;
 }
 
-/* threads = 0: one per CPU this process may use; more than those: a warning (CPU stages). The
- * memory offered to the coordinator (stage/register.c) is logged beside them. */
-static void resolve_threads(struct pp_stage *s)
+/* What the stage may use of its host, logged: the memory it offers the coordinator
+ * (stage/register.c), and its CPUs. threads = 0: one per usable CPU; more than those: a warning
+ * (CPU stages). */
+static void resolve_limits(struct pp_stage *s)
 {
     struct pp_cpus cpus;
     struct pp_memory mem;
@@ -209,7 +210,7 @@ int main(int argc, char **argv)
         pp_free(PP_MEM_MISC, s);
         return 1;
     }
-    resolve_threads(s);
+    resolve_limits(s);
 
     /* signals are taken by sigwait in this thread only: block them before any thread starts */
     sigset_t sigs;

@@ -86,7 +86,7 @@ pp_status pp_stage_probe(const struct pp_device_spec *devices, int threads, int 
     struct pp_memory mem;
     pp_memory_read(&mem);
     int64_t rows = PROBE_ROWS;
-    while (rows > PROBE_ROW_UNIT * workers && mem.usable > 0 &&
+    while (rows / 2 >= PROBE_ROW_UNIT * workers && mem.usable > 0 && /* a unit per worker */
            (uint64_t)rows * PROBE_COLS * 2 * 2 > mem.usable / PROBE_MEMORY_SHARE)
         rows /= 2;
     if (rows < PROBE_ROWS)
