@@ -55,8 +55,7 @@ struct kind {
 
 /* The process's cgroup path in the v2 hierarchy (v2 != 0) or in the v1 hierarchy with the
  * controller, from a file in the format of /proc/self/cgroup; 0 when it has none. */
-static int cgroup_path(const char *cgroup_file, int v2, const char *controller, char *out,
-                       size_t n)
+static int cgroup_path(const char *cgroup_file, int v2, const char *controller, char *out, size_t n)
 {
     FILE *f = fopen(cgroup_file, "r");
     if (!f)
@@ -223,8 +222,7 @@ double pp_cpus_cgroup_quota(const char *mountinfo, const char *cgroup_file, char
     return cgroup_limit(&CPU_QUOTA, mountinfo, cgroup_file, from, n);
 }
 
-double pp_memory_cgroup_limit(const char *mountinfo, const char *cgroup_file, char *from,
-                              size_t n)
+double pp_memory_cgroup_limit(const char *mountinfo, const char *cgroup_file, char *from, size_t n)
 {
     return cgroup_limit(&MEMORY_LIMIT, mountinfo, cgroup_file, from, n);
 }
@@ -336,8 +334,8 @@ int pp_memory_fits(const struct pp_memory *m, uint64_t copy_bytes, uint64_t othe
     snprintf(why, n,
              "the weights (%.1f MiB) beside the KV cache (%.1f MiB) and %.0f MiB for the rest need "
              "more than the %.1f MiB this process may use (%s)",
-             (double)copy_bytes / mib, (double)other_bytes / mib,
-             (double)PP_MEMORY_HEADROOM / mib, (double)m->usable / mib, where);
+             (double)copy_bytes / mib, (double)other_bytes / mib, (double)PP_MEMORY_HEADROOM / mib,
+             (double)m->usable / mib, where);
     return 0;
 }
 

@@ -12,10 +12,10 @@
 #include <stdint.h>
 
 struct pp_cpus {
-    int online;          /* CPUs online on the host */
-    int affinity;        /* CPUs in this process's affinity mask (online when it cannot be read) */
-    double quota;        /* the tightest cgroup quota on this process, in CPUs; 0: none */
-    int usable;          /* min(affinity, quota rounded up), at least 1 */
+    int online;           /* CPUs online on the host */
+    int affinity;         /* CPUs in this process's affinity mask (online when it cannot be read) */
+    double quota;         /* the tightest cgroup quota on this process, in CPUs; 0: none */
+    int usable;           /* min(affinity, quota rounded up), at least 1 */
     char quota_file[512]; /* the file the quota came from ("" when none) */
 };
 
@@ -61,7 +61,6 @@ int pp_memory_fits_now(uint64_t copy_bytes, uint64_t other_bytes, char *why, siz
 
 /* pp_cpus_cgroup_quota for memory: the tightest v2 memory.max or v1 memory.limit_in_bytes (v1's
  * "unlimited", 2^63 less a page, is none), in bytes. */
-double pp_memory_cgroup_limit(const char *mountinfo, const char *cgroup_file, char *from,
-                              size_t n);
+double pp_memory_cgroup_limit(const char *mountinfo, const char *cgroup_file, char *from, size_t n);
 
 #endif

@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/limits.h"
 #include "common/fs.h"
+#include "common/limits.h"
 
 /* path (under pp_test_dir) with the text, its folders made first. */
 static void put(const char *rel, const char *text)
@@ -178,8 +178,8 @@ static void test_memory(void **state)
     struct pp_memory m;
     pp_memory_read(&m);
     assert_true(m.host > 0 && m.usable > 0 && m.usable <= m.host);
-    assert_true(m.limit == 0 ? m.usable == m.host : m.usable == (m.limit < m.host ? m.limit
-                                                                                  : m.host));
+    assert_true(m.limit == 0 ? m.usable == m.host
+                             : m.usable == (m.limit < m.host ? m.limit : m.host));
     pp_memory_describe(&m, b, sizeof(b));
     assert_non_null(strstr(b, " GiB usable (host "));
 }
@@ -189,8 +189,8 @@ static void test_memory(void **state)
 static void test_memory_fits(void **state)
 {
     (void)state;
-    struct pp_memory m = {.host = (uint64_t)16 << 30, .limit = (uint64_t)1 << 30,
-                          .usable = (uint64_t)1 << 30};
+    struct pp_memory m = {
+        .host = (uint64_t)16 << 30, .limit = (uint64_t)1 << 30, .usable = (uint64_t)1 << 30};
     snprintf(m.limit_file, sizeof(m.limit_file), "/sys/fs/cgroup/pod/memory.max");
     char why[1024];
     uint64_t room = m.usable - PP_MEMORY_HEADROOM;
