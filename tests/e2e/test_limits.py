@@ -143,7 +143,7 @@ def test_devices_shows_a_cgroup_memory_limit(memory_cgroup):
 
 
 def test_weights_that_would_not_fit_are_mapped(models, small_memory_cgroup):
-    big = models.get("limits_big", *BIG, "--seed", "5") / "model.gguf"
+    big = models.get("limits_151mib", *BIG, "--seed", "5") / "model.gguf"
     args = [PPSERVE, "run", "--model", big, "--device", "cpu", "--prompt-ids", "1,2,3",
             "--max-tokens", "4", "--json"]
     free = run_limited(args)

@@ -137,7 +137,7 @@ def start_pair(tmp_path, root, cgroup):
 def test_coordinator_plans_within_a_stages_cgroup_memory(models, tmp_path, memory_cgroup):
     if _sanitized(STAGE):
         pytest.skip("a sanitized stage needs more than 512 MiB of its own")
-    coord, stage, clog, _ = start_pair(tmp_path, models.get("limits_big", *BIG), memory_cgroup)
+    coord, stage, clog, _ = start_pair(tmp_path, models.get("limits_605mib", *BIG), memory_cgroup)
     try:
         text = wait_until(lambda: "pipeline not formed" in clog.read_text(errors="replace") and
                           clog.read_text(errors="replace"), scaled(60), "the coordinator's plan")
@@ -157,7 +157,7 @@ def test_stage_maps_weights_its_memory_cannot_copy(models, tmp_path, memory_cgro
     the 64 MiB KV budget would not: the stage maps the weights and serves the run's tokens."""
     if _sanitized(STAGE):
         pytest.skip("a sanitized stage needs more than 640 MiB of its own")
-    root = models.get("limits_big", *BIG)
+    root = models.get("limits_605mib", *BIG)
     want = run([PPSERVE, "run", "--model", str(root / "model.gguf"), "--prompt-ids", "1,2,3",
                 "--max-tokens", "3", "--json", "--cpu-weights", "map"])
     coord, stage, _, addr = start_pair(tmp_path, root, memory_cgroup)
