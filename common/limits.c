@@ -327,8 +327,10 @@ int pp_memory_fits(const struct pp_memory *m, uint64_t copy_bytes, uint64_t othe
     if (m->usable == 0 || copy_bytes + other_bytes + PP_MEMORY_HEADROOM <= m->usable)
         return 1;
     char where[600];
-    if (m->limit > 0 && m->limit <= m->host)
+    if (m->limit > 0 && m->limit <= m->host && m->limit_file[0] == '/')
         snprintf(where, sizeof(where), "the cgroup limit in %s", m->limit_file);
+    else if (m->limit > 0 && m->limit <= m->host)
+        snprintf(where, sizeof(where), "%s", m->limit_file); /* a setting's name */
     else
         snprintf(where, sizeof(where), "the host's memory");
     snprintf(why, n,

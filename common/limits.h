@@ -41,7 +41,7 @@ struct pp_memory {
     uint64_t host;        /* physical memory of the host */
     uint64_t limit;       /* the tightest cgroup memory limit on this process; 0: none */
     uint64_t usable;      /* min(host, limit) */
-    char limit_file[512]; /* the file the limit came from ("" when none) */
+    char limit_file[512]; /* the file the limit came from ("" when none), or a setting's name */
 };
 
 /* Reads the host's memory and this process's cgroups' limits. */

@@ -93,11 +93,12 @@ static void asg_free(struct pp_stage_assignment *a, int hop_timeout_ms)
  * fit the memory this process may use (the coordinator plans weights and KV up to the registered
  * memory, with no headroom), the weights are used from the mapped file instead of the kernel
  * killing the stage mid-load. Returns 1 to map. */
-static int copy_would_not_fit(const struct pp_model *m, int64_t kv_bytes)
+static int copy_would_not_fit(const struct pp_stage *s, const struct pp_model *m,
+                              int64_t kv_bytes)
 {
     char why[1024];
-    if (pp_memory_fits_now((uint64_t)pp_model_weight_bytes(m), (uint64_t)kv_bytes, why,
-                           sizeof(why)))
+    if (pp_memory_fits(&s->memory, (uint64_t)pp_model_weight_bytes(m), (uint64_t)kv_bytes, why,
+                       sizeof(why)))
         return 0;
     PP_WARN("cpu_weights=copy: %s; computing from the mapped model file instead (cpu_weights = "
             "\"map\")", why);
@@ -133,7 +134,7 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
         int map = 0;
         (void)pp_cpu_weights_parse(s->cfg.cpu_weights, &map); /* checked at start-up */
         if (!map && s->devices.kind == PP_DEVICE_CPU)
-            map = copy_would_not_fit(a->model, eo.kv_budget_bytes);
+            map = copy_would_not_fit(s, a->model, eo.kv_budget_bytes);
         for (int r = 0; r < a->n_workers; r++)
             pp_backend_cpu_map_weights(a->bes[r], map);
         eo.max_seqs = PP_STAGE_MAX_SEQS;

@@ -165,11 +165,21 @@ static pp_status resolve_devices(struct pp_stage *s)
 static void resolve_limits(struct pp_stage *s)
 {
     struct pp_cpus cpus;
-    struct pp_memory mem;
     char line[1024], warn[1024];
-    pp_memory_read(&mem);
-    pp_memory_describe(&mem, line, sizeof(line));
+    pp_memory_read(&s->memory);
+    pp_memory_describe(&s->memory, line, sizeof(line));
     PP_INFO("memory: %s", line);
+    uint64_t share = (uint64_t)s->cfg.memory_mb << 20;
+    if (share > 0 && share <= s->memory.usable) {
+        s->memory.usable = s->memory.limit = share;
+        snprintf(s->memory.limit_file, sizeof(s->memory.limit_file), "the stage's memory_mb = %lld",
+                 (long long)s->cfg.memory_mb);
+        PP_INFO("memory offered: %lld MiB (memory_mb)", (long long)s->cfg.memory_mb);
+    } else if (share > 0) {
+        PP_WARN("memory_mb = %lld is more than this process may use (%s): offering %.1f MiB",
+                (long long)s->cfg.memory_mb, line,
+                (double)s->memory.usable / (1024.0 * 1024.0));
+    }
     pp_cpus_read(&cpus);
     pp_cpus_describe(&cpus, line, sizeof(line));
     PP_INFO("cpus: %s", line);

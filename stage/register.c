@@ -49,10 +49,9 @@ static pp_status reconnect(struct pp_stage *s, struct pp_rpc_channel **ch)
 
 static pp_status register_once(struct pp_stage *s, struct pp_rpc_channel *ch)
 {
-    /* the memory this process may use: a cgroup limit (a pod's) below the host's RAM */
-    struct pp_memory memory;
-    pp_memory_read(&memory);
-    uint64_t mem = memory.usable;
+    /* the memory this process may use (a cgroup limit, a pod's, below the host's RAM), or less:
+     * memory_mb (resolve_limits in stage/main.c) */
+    uint64_t mem = s->memory.usable;
     /* one device per worker: a GPU's own memory, or the CPU shards' even share of the host's */
     Ppserve__V1__Device dev[PP_STAGE_MAX_WORKERS], *devs[PP_STAGE_MAX_WORKERS];
     char names[PP_STAGE_MAX_WORKERS][16];

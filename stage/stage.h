@@ -29,6 +29,7 @@
 
 #include "common/buf.h"
 #include "common/clock.h"
+#include "common/limits.h"
 #include "common/rpc/health.h"
 #include "common/rpc/hop.h"
 #include "common/rpc/rpc.h"
@@ -150,6 +151,9 @@ struct pp_stage {
     struct pp_device_spec devices;  /* the key `devices` resolved on this host: cpu or tp GPUs */
     char devices_used[16 * PP_DEVICES_MAX]; /* devices as text ("cpu", "cuda:0,1") */
     double weight_bytes_per_second; /* from the probe, with tp workers */
+    /* what it may use of the host's memory; usable is at most memory_mb, and then limit_file
+     * names that key (resolve_limits in stage/main.c) */
+    struct pp_memory memory;
     double serving_since;           /* monotonic seconds */
     struct pp_rpc_server *server;
     struct pp_rpc_health *health;

@@ -29,6 +29,9 @@ const struct pp_cfg_key pp_stage_config_keys[] = {
         "tensor-parallel workers (0 = 1, or ep when ep is set, or one per listed GPU)"),
     KEY("ep", PP_CFG_INT, ep, 0, 64, "expert groups among the workers, MoE models (0 = 1)"),
     KEY("kv_mb", PP_CFG_INT, kv_mb, 1, 1 << 24, "KV cache budget in MiB"),
+    KEY("memory_mb", PP_CFG_INT, memory_mb, 0, 1 << 30,
+        "memory in MiB offered to the coordinator for weights and KV (0: what this process may "
+        "use, the host's or its cgroup's limit; stages sharing a host each take their share)"),
     KEY("max_batch_tokens", PP_CFG_INT, max_batch_tokens, 1, 1 << 16, "rows computed together"),
     KEY("queue_depth", PP_CFG_INT, queue_depth, 1, 1024,
         "microbatches queued before reading stops"),

@@ -16,6 +16,7 @@ struct pp_stage_config {
     int64_t tp;                       /* tensor-parallel workers; 0 = 1, or ep when ep is set */
     int64_t ep;                       /* expert groups among the workers (MoE); 0 = 1 */
     int64_t kv_mb;                    /* KV cache budget */
+    int64_t memory_mb;                /* memory offered to the coordinator; 0: what it may use */
     int64_t max_batch_tokens;         /* rows computed together */
     int64_t queue_depth;              /* microbatches waiting before the stage stops reading */
     int64_t heartbeat_ms;             /* heartbeat period to the coordinator */

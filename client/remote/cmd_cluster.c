@@ -37,6 +37,7 @@ struct cluster_opts {
     int32_t tp;
     int32_t ep;
     int32_t kv_mb;
+    int64_t memory_mb; /* each stage's share of the memory this process may use */
     int32_t max_batch_tokens;
     int32_t microbatches;
     const char *log_level;
@@ -203,13 +204,15 @@ static int start_coordinator(struct cluster *c, const struct cluster_opts *o,
 static int start_stage(struct cluster *c, int i, const struct cluster_opts *o,
                        const struct model_path *m, const char *path, const sigset_t *mask)
 {
-    char coord[64], threads[16], kv[16], tp[16], ep[16], devices[PP_DEVICES_MAX * 4 + 8];
+    char coord[64], threads[16], kv[16], mem[24], tp[16], ep[16],
+        devices[PP_DEVICES_MAX * 4 + 8];
     snprintf(coord, sizeof(coord), "127.0.0.1:%d", o->port);
     snprintf(threads, sizeof(threads), "%d", o->threads);
     snprintf(kv, sizeof(kv), "%d", o->kv_mb);
+    snprintf(mem, sizeof(mem), "%lld", (long long)o->memory_mb);
     snprintf(tp, sizeof(tp), "%d", o->tp);
     snprintf(ep, sizeof(ep), "%d", o->ep);
-    char *argv[24];
+    char *argv[28];
     int k = 0;
     argv[k++] = "ppserve-stage";
     argv[k++] = "--coordinator";
@@ -223,6 +226,10 @@ static int start_stage(struct cluster *c, int i, const struct cluster_opts *o,
     if (o->kv_mb > 0) {
         argv[k++] = "--kv_mb";
         argv[k++] = kv;
+    }
+    if (o->memory_mb > 0) { /* the stages share this host's memory: each offers its share */
+        argv[k++] = "--memory_mb";
+        argv[k++] = mem;
     }
     if (o->tp > 0) {
         argv[k++] = "--tp";
@@ -421,6 +428,9 @@ int pp_cmd_cluster(int argc, char **argv)
         pp_id_list_free(&o.layers);
         return rc;
     }
+    struct pp_memory memory;
+    pp_memory_read(&memory);
+    o.memory_mb = (int64_t)(memory.usable / (uint64_t)o.stages >> 20);
     if (!pp_args_seen(args, n, "threads"))
         o.threads = cpus.usable / o.stages > 1 ? cpus.usable / o.stages : 1;
     /* what --devices means here, once for all the stages: "auto" takes GPUs only when there are

@@ -117,9 +117,9 @@ BIG = ("--dim", "1024", "--layers", "8", "--heads", "8", "--kv-heads", "4", "--f
        "--vocab", "16000", "--ctx", "256", "--dtype", "f32", "--seed", "9")
 
 
-def start_pair(tmp_path, root, cgroup):
-    """A coordinator for root's model.gguf on one stage, and that stage in the cgroup folder;
-    returns (coordinator, stage, coordinator log, address)."""
+def start_pair(tmp_path, root, cgroup, *stage_flags):
+    """A coordinator for root's model.gguf on one stage, and that stage (in the cgroup folder,
+    unless None); returns (coordinator, stage, coordinator log, address)."""
     need_daemons()
     port = free_port()
     clog = tmp_path / "coordinator.log"
@@ -128,27 +128,63 @@ def start_pair(tmp_path, root, cgroup):
                                   "model.gguf", "--model_root", str(root), "--stages", "1",
                                   "--log_level", "info"],
                                  stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV)
-    stage, _ = start_stage(tmp_path, os.sched_getaffinity(0), "--kv_mb", "64", cgroup=cgroup,
-                           coordinator=f"127.0.0.1:{port}", model_root=root)
+    stage, _ = start_stage(tmp_path, os.sched_getaffinity(0), "--kv_mb", "64", *stage_flags,
+                           cgroup=cgroup, coordinator=f"127.0.0.1:{port}", model_root=root)
     return coord, stage, clog, f"127.0.0.1:{port}"
 
 
-@pytest.mark.parametrize("memory_cgroup", [512], indirect=True)
-def test_coordinator_plans_within_a_stages_cgroup_memory(models, tmp_path, memory_cgroup):
-    if _sanitized(STAGE):
-        pytest.skip("a sanitized stage needs more than 512 MiB of its own")
-    coord, stage, clog, _ = start_pair(tmp_path, models.get("limits_605mib", *BIG), memory_cgroup)
+def plan_refused(tmp_path, root, cgroup, *stage_flags):
+    """The coordinator's log once it has refused to plan root's model onto the one stage."""
+    coord, stage, clog, _ = start_pair(tmp_path, root, cgroup, *stage_flags)
     try:
         text = wait_until(lambda: "pipeline not formed" in clog.read_text(errors="replace") and
                           clog.read_text(errors="replace"), scaled(60), "the coordinator's plan")
     finally:
         terminate(stage)
         terminate(coord)
+    assert stage.returncode == 0, (tmp_path / "stage.log").read_text(errors="replace")
+    return text
+
+
+@pytest.mark.parametrize("memory_cgroup", [512], indirect=True)
+def test_coordinator_plans_within_a_stages_cgroup_memory(models, tmp_path, memory_cgroup):
+    if _sanitized(STAGE):
+        pytest.skip("a sanitized stage needs more than 512 MiB of its own")
+    text = plan_refused(tmp_path, models.get("limits_605mib", *BIG), memory_cgroup)
     # before, the stage offered the host's RAM (23.5 GiB here) as its memory
     assert re.search(r"stage registered id=\d+ .* worker_memory_mib=512 ", text), text
     assert "no partition of 8 layers fits the stages' memory" in text, text
     assert f"workers have {512 << 20} in all" in text, text
-    assert stage.returncode == 0, (tmp_path / "stage.log").read_text(errors="replace")
+
+
+def test_stage_memory_mb_caps_what_it_offers(models, tmp_path):
+    """memory_mb, as `ppserve cluster` sets it for stages that share a host: the coordinator
+    plans within it, as within a cgroup's limit."""
+    text = plan_refused(tmp_path, models.get("limits_605mib", *BIG), None, "--memory_mb", "512")
+    assert re.search(r"stage registered id=\d+ .* worker_memory_mib=512 ", text), text
+    assert f"workers have {512 << 20} in all" in text, text
+    stage_log = (tmp_path / "stage.log").read_text(errors="replace")
+    assert "memory offered: 512 MiB (memory_mb)" in stage_log, stage_log
+
+
+def test_cluster_gives_each_stage_a_share_of_the_memory(models, tmp_path):
+    need_daemons()
+    model = models.get("pipe6", *MODEL_FLAGS) / "model.gguf"
+    log = tmp_path / "cluster.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([PPSERVE, "cluster", "--model", str(model), "--stages", "2",
+                                 "--port", str(free_port()), "--log-level", "info"],
+                                stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV)
+    try:
+        text = wait_until(lambda: log.read_text(errors="replace").count("stage registered") == 2
+                          and log.read_text(errors="replace"), scaled(60), "both stages")
+    finally:
+        terminate(proc, 60)
+    usable = re.findall(r"memory: ([0-9.]+) GiB usable", text)
+    offered = [int(n) for n in re.findall(r"worker_memory_mib=(\d+) ", text)]
+    assert len(usable) == 2 and len(offered) == 2 and offered[0] == offered[1], text
+    half = float(usable[0]) * 1024 / 2  # GiB with two decimals: within 5 MiB of the bytes
+    assert abs(offered[0] - half) <= 6, text
 
 
 @pytest.mark.parametrize("memory_cgroup", [640], indirect=True)
