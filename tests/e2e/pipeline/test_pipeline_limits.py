@@ -70,6 +70,14 @@ def test_stage_threads_above_the_cpus_warn(tmp_path):
     assert re.search(r" warn .*2 compute threads on 1 usable CPU \(", text), text
 
 
+def test_stage_memory_mb_above_what_it_may_use_warns(tmp_path):
+    _, text = workers_line(*start_stage(tmp_path, os.sched_getaffinity(0), "--memory_mb",
+                                        str(1 << 30)))
+    assert re.search(r" warn .*memory_mb = 1073741824 is more than this process may use \(",
+                     text), text
+    assert "memory offered:" not in text, text
+
+
 @pytest.mark.parametrize("flags", [("--threads", "1"), ()], ids=["threads", "default"])
 def test_cluster_warns_when_its_stages_share_too_few_cpus(models, tmp_path, flags):
     need_daemons()
