@@ -12,7 +12,6 @@
 #include "kernels/devices.h"
 #include "model/executor.h"
 #include "model/generate.h"
-#include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/shard.h"
 #include "model/tokenizer.h"
@@ -97,6 +96,16 @@ static void print_json(const struct pp_gen_request *req, const struct pp_gen_res
     pp_json_free(&j);
 }
 
+/* The executor's options: one sequence of the context asked for. */
+static struct pp_executor_opts executor_opts(const struct run_opts *o)
+{
+    struct pp_executor_opts eo = {0};
+    eo.max_seqs = 1;
+    eo.max_context = o->ctx;
+    eo.ep = o->ep;
+    return eo;
+}
+
 static int generate(struct run_opts *o, struct pp_model *m, struct pp_tokenizer *tok,
                     struct pp_backend *const *bes)
 {
@@ -111,10 +120,7 @@ static int generate(struct run_opts *o, struct pp_model *m, struct pp_tokenizer 
             return pp_cli_fail("run", st);
         ids = encoded;
     }
-    struct pp_executor_opts eo = {0};
-    eo.max_seqs = 1;
-    eo.max_context = o->ctx;
-    eo.ep = o->ep;
+    struct pp_executor_opts eo = executor_opts(o);
     struct pp_executor *ex = NULL;
     int rc = 0;
     struct run_out out = {0};
@@ -168,13 +174,12 @@ done:
  * read again). Returns 1 to map. */
 static int copy_would_not_fit(const struct run_opts *o, const struct pp_model *m)
 {
-    const struct pp_model_config *c = &m->cfg;
-    int64_t ctx = o->ctx > 0 ? o->ctx : c->max_context;
-    int64_t kv = pp_kv_block_bytes(c->n_layers, c->n_kv_heads * c->head_dim, 1) * ctx;
-    if (kv > ((int64_t)1 << 30)) /* the executor's cap on a default budget */
-        kv = (int64_t)1 << 30;
+    struct pp_executor_opts eo = executor_opts(o);
+    int64_t kv = pp_executor_kv_budget(m, o->tp, &eo);
+    struct pp_memory mem;
     char why[1024];
-    if (pp_memory_fits_now((uint64_t)pp_model_weight_bytes(m), (uint64_t)kv, why, sizeof(why)))
+    pp_memory_read(&mem);
+    if (pp_memory_fits(&mem, (uint64_t)pp_model_weight_bytes(m), (uint64_t)kv, why, sizeof(why)))
         return 0;
     PP_WARN("cpu_weights=copy: %s; computing from the mapped model file instead (--cpu-weights "
             "map)", why);

@@ -340,10 +340,3 @@ int pp_memory_fits(const struct pp_memory *m, uint64_t copy_bytes, uint64_t othe
              (double)m->usable / mib, where);
     return 0;
 }
-
-int pp_memory_fits_now(uint64_t copy_bytes, uint64_t other_bytes, char *why, size_t n)
-{
-    struct pp_memory m;
-    pp_memory_read(&m);
-    return pp_memory_fits(&m, copy_bytes, other_bytes, why, n);
-}

@@ -56,9 +56,6 @@ void pp_memory_describe(const struct pp_memory *m, char *out, size_t n);
 int pp_memory_fits(const struct pp_memory *m, uint64_t copy_bytes, uint64_t other_bytes, char *why,
                    size_t n);
 
-/* pp_memory_fits against this process's memory now (pp_memory_read). */
-int pp_memory_fits_now(uint64_t copy_bytes, uint64_t other_bytes, char *why, size_t n);
-
 /* pp_cpus_cgroup_quota for memory: the tightest v2 memory.max or v1 memory.limit_in_bytes (v1's
  * "unlimited", 2^63 less a page, is none), in bytes. */
 double pp_memory_cgroup_limit(const char *mountinfo, const char *cgroup_file, char *from, size_t n);

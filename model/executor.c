@@ -112,9 +112,16 @@ pp_status pp_executor_new(const struct pp_model *m, struct pp_backend *be,
     return pp_executor_new_workers(m, &be, 1, opts, out);
 }
 
-pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *const *bes,
-                                  int32_t n_workers, const struct pp_executor_opts *opts,
-                                  struct pp_executor **out)
+/* The KV dimension one worker of n_workers holds: its KV heads of every block. */
+static int32_t worker_kv_dim(const struct pp_model_config *c, int32_t n_workers)
+{
+    int32_t kv_heads_each = n_workers <= c->n_kv_heads ? c->n_kv_heads / n_workers : 1;
+    return kv_heads_each * c->head_dim;
+}
+
+/* opts with its defaults filled in for m on n_workers workers, the KV budget included. */
+static struct pp_executor_opts with_defaults(const struct pp_model *m, int32_t n_workers,
+                                             const struct pp_executor_opts *opts)
 {
     const struct pp_model_config *c = &m->cfg;
     struct pp_executor_opts o = *opts;
@@ -128,21 +135,37 @@ pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *c
         o.max_context = c->max_context;
     if (o.ep <= 0)
         o.ep = 1;
-    pp_status st = pp_shard_check(c, n_workers, o.ep, "model");
-    if (st != PP_OK)
-        return st;
-    int32_t n_layers = m->last_layer - m->first_layer;
-    /* every worker holds its KV heads of every block: a block costs W times one worker's share */
-    int32_t kv_heads_each = n_workers <= c->n_kv_heads ? c->n_kv_heads / n_workers : 1;
-    int32_t kv_dim = kv_heads_each * c->head_dim;
-    int64_t block_bytes = pp_kv_block_bytes(n_layers, kv_dim, o.kv_block_size);
     if (o.kv_budget_bytes <= 0) {
+        /* every worker holds its KV heads of every block: a block costs W times one worker's
+         * share */
+        int64_t block_bytes = pp_kv_block_bytes(m->last_layer - m->first_layer,
+                                                worker_kv_dim(c, n_workers), o.kv_block_size);
         int64_t per_seq = (o.max_context + o.kv_block_size - 1) / o.kv_block_size;
         int64_t blocks = (int64_t)o.max_seqs * per_seq;
         o.kv_budget_bytes = blocks * block_bytes * n_workers;
         if (o.kv_budget_bytes > ((int64_t)1 << 30))
             o.kv_budget_bytes = (int64_t)1 << 30;
     }
+    return o;
+}
+
+int64_t pp_executor_kv_budget(const struct pp_model *m, int32_t n_workers,
+                              const struct pp_executor_opts *opts)
+{
+    return with_defaults(m, n_workers, opts).kv_budget_bytes;
+}
+
+pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *const *bes,
+                                  int32_t n_workers, const struct pp_executor_opts *opts,
+                                  struct pp_executor **out)
+{
+    const struct pp_model_config *c = &m->cfg;
+    struct pp_executor_opts o = with_defaults(m, n_workers, opts);
+    pp_status st = pp_shard_check(c, n_workers, o.ep, "model");
+    if (st != PP_OK)
+        return st;
+    int32_t n_layers = m->last_layer - m->first_layer;
+    int32_t kv_dim = worker_kv_dim(c, n_workers);
     struct pp_executor *ex = pp_calloc(PP_MEM_MISC, 1, sizeof(*ex));
     if (!ex)
         return PP_ERR_NOMEM;

@@ -61,6 +61,11 @@ pp_status pp_executor_new_workers(const struct pp_model *m, struct pp_backend *c
                                   struct pp_executor **out);
 void pp_executor_free(struct pp_executor *ex);
 
+/* The KV cache bytes an executor made from opts for m on n_workers workers holds (the budget, or
+ * its default: room for max_seqs × the context, capped at 1 GiB). */
+int64_t pp_executor_kv_budget(const struct pp_model *m, int32_t n_workers,
+                              const struct pp_executor_opts *opts);
+
 /* Runs the batch. On a middle or first range, hidden_out receives [n_tokens, dim]; on the last
  * range, logits_out receives [number of parts with want_logits, vocab] in part order. The batch is
  * validated before anything changes: unknown or mismatched positions, duplicate ids, token ids

@@ -247,8 +247,8 @@ int main(int argc, char **argv)
     if (s->devices.kind == PP_DEVICE_CPU && s->tp > s->cfg.threads)
         PP_WARN("tp %d with %lld threads: each worker still runs one thread, so %d threads share "
                 "the cores", s->tp, (long long)s->cfg.threads, s->tp);
-    if (pp_stage_probe(&s->devices, (int)s->cfg.threads, s->tp, &s->weight_bytes_per_second) !=
-        PP_OK)
+    if (pp_stage_probe(&s->devices, (int)s->cfg.threads, s->tp, s->memory.usable,
+                       &s->weight_bytes_per_second) != PP_OK)
         PP_WARN("probe failed: %s (reporting speed 0)", pp_error_detail());
     if ((st = pp_stage_compute_start(s)) != PP_OK || (st = pp_stage_control_start(s)) != PP_OK) {
         PP_ERROR("%s", pp_error_detail());

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "common/limits.h"
 #include "common/log.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/threadpool.h"
@@ -73,7 +72,7 @@ static void workers_free(struct probe_worker *p, int workers)
 }
 
 pp_status pp_stage_probe(const struct pp_device_spec *devices, int threads, int workers,
-                         double *bytes_per_second)
+                         uint64_t memory, double *bytes_per_second)
 {
     if (workers < 1 || workers > PP_STAGE_MAX_WORKERS)
         return pp_error(PP_ERR_INVALID_ARG, "probe: expected 1..%d workers, got %d",
@@ -82,16 +81,14 @@ pp_status pp_stage_probe(const struct pp_device_spec *devices, int threads, int 
     struct probe_worker p[PP_STAGE_MAX_WORKERS];
     memset(p, 0, sizeof(p));
     struct pp_threadpool *pool = NULL;
-    /* fewer rows where the memory this process may use is small (common/limits.h) */
-    struct pp_memory mem;
-    pp_memory_read(&mem);
+    /* fewer rows where the memory the stage may use is small */
     int64_t rows = PROBE_ROWS;
-    while (rows / 2 >= PROBE_ROW_UNIT * workers && mem.usable > 0 && /* a unit per worker */
-           (uint64_t)rows * PROBE_COLS * 2 * 2 > mem.usable / PROBE_MEMORY_SHARE)
+    while (rows / 2 >= PROBE_ROW_UNIT * workers && memory > 0 && /* a unit per worker */
+           (uint64_t)rows * PROBE_COLS * 2 * 2 > memory / PROBE_MEMORY_SHARE)
         rows /= 2;
     if (rows < PROBE_ROWS)
         PP_INFO("probe: %lld of %d rows, for the %.1f MiB this process may use",
-                (long long)rows, PROBE_ROWS, (double)mem.usable / (1024.0 * 1024.0));
+                (long long)rows, PROBE_ROWS, (double)memory / (1024.0 * 1024.0));
     size_t n_w = (size_t)rows * PROBE_COLS;
     uint16_t *w = pp_alloc_aligned(PP_MEM_MISC, n_w * sizeof(uint16_t)); /* [ROWS, COLS] f16 */
     float *x = pp_alloc_aligned(PP_MEM_MISC, PROBE_COLS * sizeof(float)); /* [1, COLS] */

@@ -212,9 +212,10 @@ pp_status pp_stage_error_wrap(pp_status st, const char *fmt, ...)
 /* Times a one-token matmul over a synthetic 64 MiB f16 weight as the stage will run it: `workers`
  * CPU backends sharing `threads` threads (pp_backend_cpu_new_workers), each computing its slice of
  * the weight's rows on its own thread, all at once (best of 5 after a warm-up); *bytes_per_second
- * = weight bytes / seconds until the last worker is done. */
+ * = weight bytes / seconds until the last worker is done. The weight has fewer rows where it and
+ * its copy would take more than a quarter of memory (the bytes the stage may use; 0: unknown). */
 pp_status pp_stage_probe(const struct pp_device_spec *devices, int threads, int workers,
-                         double *bytes_per_second);
+                         uint64_t memory, double *bytes_per_second);
 
 /* ---- register.c: the control thread ---- */
 pp_status pp_stage_control_start(struct pp_stage *s);

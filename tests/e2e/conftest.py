@@ -1,5 +1,6 @@
 """Shared fixtures for the end-to-end tests: the ppserve binary, synthetic models made with
 `ppserve synth`, and helpers that run `ppserve run` and the numpy reference."""
+import itertools
 import json
 import os
 import subprocess
@@ -71,3 +72,22 @@ def rel_err(a, b):
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     return np.max(np.abs(a - b), axis=-1) / np.max(np.abs(b), axis=-1)
+
+
+_CGROUPS = itertools.count()
+
+
+def v1_cgroup(controller, settings):
+    """A fresh folder in the writable cgroup v1 hierarchy of controller, with settings written
+    into its files; removed at the end (its processes have exited). Skips where there is none."""
+    top = Path("/sys/fs/cgroup") / controller
+    if os.geteuid() != 0 or not top.is_dir() or not os.access(top, os.W_OK):
+        pytest.skip(f"no writable cgroup v1 {controller} hierarchy at {top}")
+    d = top / f"ppserve-test-{os.getpid()}-{next(_CGROUPS)}"
+    d.mkdir()
+    try:
+        for name, value in settings:
+            (d / name).write_text(value)
+        yield d
+    finally:
+        d.rmdir()

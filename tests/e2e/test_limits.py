@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PPSERVE
+from conftest import PPSERVE, v1_cgroup
 
 BIG = ("--dim", "512", "--layers", "8", "--heads", "8", "--kv-heads", "4", "--ffn", "2048",
        "--vocab", "8000", "--ctx", "256", "--dtype", "f32")  # 151 MiB of weights
@@ -19,7 +19,6 @@ BIG = ("--dim", "512", "--layers", "8", "--heads", "8", "--kv-heads", "4", "--ff
 SMALL = ("--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "96",
          "--vocab", "300", "--ctx", "128", "--dtype", "f16")
 ARGS = ("--prompt-ids", "1,17,200,45", "--max-tokens", "4", "--json", "--log-level", "info")
-CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
 @pytest.fixture(scope="module")
@@ -81,22 +80,6 @@ def test_devices_counts_the_usable_cpus():
     p = run_limited([PPSERVE, "devices"], cpus=one)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("cpu: 1 usable CPU ("), p.stdout
-
-
-def v1_cgroup(controller, settings):
-    """A fresh folder in the writable cgroup v1 hierarchy of controller, with settings written
-    into its files; removed at the end (its processes have exited). Skips where there is none."""
-    top = CGROUP_V1 / controller
-    if os.geteuid() != 0 or not top.is_dir() or not os.access(top, os.W_OK):
-        pytest.skip(f"no writable cgroup v1 {controller} hierarchy at {top}")
-    d = top / f"ppserve-test-{os.getpid()}"
-    d.mkdir()
-    try:
-        for name, value in settings:
-            (d / name).write_text(value)
-        yield d
-    finally:
-        d.rmdir()
 
 
 @pytest.fixture

@@ -23,12 +23,14 @@ static void put(const char *rel, const char *text)
     pp_test_write_file(path, text, strlen(text));
 }
 
-/* A mountinfo line for a cgroup mount of root at pp_test_dir/mnt. */
+/* Appends to the mount table out a mountinfo line for a cgroup mount of root at
+ * pp_test_dir/mnt. */
 static void mount_line(char *out, size_t n, int id, const char *root, const char *mnt,
                        const char *type, const char *super)
 {
-    snprintf(out, n, "%d 31 0:%d %s %s/%s rw,relatime shared:9 - %s %s %s\n", id, id, root,
-             pp_test_dir, mnt, type, type, super);
+    size_t used = strlen(out);
+    snprintf(out + used, n - used, "%d 31 0:%d %s %s/%s rw,relatime shared:9 - %s %s %s\n", id, id,
+             root, pp_test_dir, mnt, type, type, super);
 }
 
 /* The quota that the mount table and cgroup list written from these texts give. */
@@ -46,7 +48,7 @@ static double quota_of(const char *mountinfo, const char *cgroups, char *from, s
 static void test_v2_nested(void **state)
 {
     (void)state;
-    char mi[2048], from[1024], want[1024];
+    char mi[2048] = "", from[1024], want[1024];
     mount_line(mi, sizeof(mi), 41, "/", "v2", "cgroup2", "rw");
     put("v2/cpu.max", "max 100000\n");
     put("v2/kube/cpu.max", "400000 100000\n");
@@ -76,10 +78,9 @@ static void test_v2_nested(void **state)
 static void test_v1(void **state)
 {
     (void)state;
-    char mi[4096], a[1024], b[1024], from[1024];
-    mount_line(a, sizeof(a), 32, "/", "v1cpu", "cgroup", "rw,cpu,cpuacct");
-    mount_line(b, sizeof(b), 35, "/", "v1mem", "cgroup", "rw,memory");
-    snprintf(mi, sizeof(mi), "%s%s", a, b);
+    char mi[4096] = "", from[1024];
+    mount_line(mi, sizeof(mi), 32, "/", "v1cpu", "cgroup", "rw,cpu,cpuacct");
+    mount_line(mi, sizeof(mi), 35, "/", "v1mem", "cgroup", "rw,memory");
     put("v1cpu/docker/c1/cpu.cfs_quota_us", "-1\n");
     put("v1cpu/docker/c1/cpu.cfs_period_us", "100000\n");
     put("v1cpu/docker/cpu.cfs_quota_us", "300000\n");
@@ -119,10 +120,9 @@ static void test_mount_root_and_escapes(void **state)
 static void test_hybrid_and_garbage(void **state)
 {
     (void)state;
-    char mi[4096], a[1024], b[1024], from[1024];
-    mount_line(a, sizeof(a), 60, "/", "h1", "cgroup", "rw,cpu");
-    mount_line(b, sizeof(b), 61, "/", "h2", "cgroup2", "rw");
-    snprintf(mi, sizeof(mi), "%s%s", a, b);
+    char mi[4096] = "", from[1024];
+    mount_line(mi, sizeof(mi), 60, "/", "h1", "cgroup", "rw,cpu");
+    mount_line(mi, sizeof(mi), 61, "/", "h2", "cgroup2", "rw");
     put("h1/x/cpu.cfs_quota_us", "400000\n");
     put("h1/x/cpu.cfs_period_us", "100000\n");
     put("h2/x/cpu.max", "300000 100000\n");
@@ -143,11 +143,10 @@ static void test_hybrid_and_garbage(void **state)
 static void test_memory(void **state)
 {
     (void)state;
-    char mi[4096], a[1024], b[1024], c[1024], from[1024], want[1024];
-    mount_line(a, sizeof(a), 70, "/", "m2", "cgroup2", "rw");
-    mount_line(b, sizeof(b), 71, "/", "m1", "cgroup", "rw,memory");
-    mount_line(c, sizeof(c), 72, "/", "c1", "cgroup", "rw,cpu");
-    snprintf(mi, sizeof(mi), "%s%s%s", a, b, c);
+    char mi[4096] = "", line[1024], from[1024], want[1024];
+    mount_line(mi, sizeof(mi), 70, "/", "m2", "cgroup2", "rw");
+    mount_line(mi, sizeof(mi), 71, "/", "m1", "cgroup", "rw,memory");
+    mount_line(mi, sizeof(mi), 72, "/", "c1", "cgroup", "rw,cpu");
     put("m2/pod/memory.max", "max\n");
     put("m2/pod/app/memory.max", "8589934592\n");
     put("m2/pod/app/cpu.max", "100000 100000\n");
@@ -180,8 +179,8 @@ static void test_memory(void **state)
     assert_true(m.host > 0 && m.usable > 0 && m.usable <= m.host);
     assert_true(m.limit == 0 ? m.usable == m.host
                              : m.usable == (m.limit < m.host ? m.limit : m.host));
-    pp_memory_describe(&m, b, sizeof(b));
-    assert_non_null(strstr(b, " GiB usable (host "));
+    pp_memory_describe(&m, line, sizeof(line));
+    assert_non_null(strstr(line, " GiB usable (host "));
 }
 
 /* Whether a copy fits: exactly up to the usable memory less the headroom; the reason names the

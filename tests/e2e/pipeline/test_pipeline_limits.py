@@ -8,13 +8,12 @@ import json
 import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from cluster import (CLEAN_ENV, COORDINATOR, MODEL_FLAGS, PPSERVE, SANITIZER_MARKS, STAGE,
                      _sanitized, free_port, need_daemons, scaled, terminate, wait_until)
-from conftest import run
+from conftest import run, v1_cgroup
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
 
@@ -101,16 +100,8 @@ def test_cluster_warns_when_its_stages_share_too_few_cpus(models, tmp_path, flag
 def memory_cgroup(request):
     """A cgroup v1 memory folder limited to request.param MiB (768 by default); removed at the
     end."""
-    top = Path("/sys/fs/cgroup/memory")
-    if os.geteuid() != 0 or not top.is_dir() or not os.access(top, os.W_OK):
-        pytest.skip(f"no writable cgroup v1 memory hierarchy at {top}")
-    d = top / f"ppserve-stage-test-{os.getpid()}"
-    d.mkdir()
-    try:
-        (d / "memory.limit_in_bytes").write_text(str(getattr(request, "param", 768) << 20))
-        yield d
-    finally:
-        d.rmdir()
+    yield from v1_cgroup("memory",
+                         [("memory.limit_in_bytes", str(getattr(request, "param", 768) << 20))])
 
 
 def test_stage_offers_its_cgroup_memory_limit(tmp_path, memory_cgroup):
