@@ -65,9 +65,10 @@ static int case_new(struct loops_case *c, enum pp_dtype dt, int64_t rows, int64_
     c->s.row = pp_alloc_aligned(PP_MEM_ACTIVATIONS, sizeof(float) * (size_t)cols);
     c->s.panel = pp_alloc_aligned(PP_MEM_ACTIVATIONS, sizeof(float) * PP_MM_PANEL_ROWS * PP_MM_KC);
     c->s.acc = pp_alloc_aligned(PP_MEM_ACTIVATIONS, sizeof(float) * PP_MM_ACC_CAP);
+    c->s.q8_split = pp_alloc_aligned(PP_MEM_ACTIVATIONS, (size_t)pp__q8_split_bytes(cols));
     float *y = pp_alloc_aligned(PP_MEM_ACTIVATIONS, sizeof(float) * (size_t)(n * rows));
     if (!file || !row || !c->w || !c->x || !c->act || !c->s.row || !c->s.panel || !c->s.acc ||
-        !y) {
+        !c->s.q8_split || !y) {
         free(file);
         free(row);
         pp_free(PP_MEM_ACTIVATIONS, y);
@@ -118,6 +119,7 @@ static void case_free(struct loops_case *c)
     pp_free(PP_MEM_ACTIVATIONS, c->s.row);
     pp_free(PP_MEM_ACTIVATIONS, c->s.panel);
     pp_free(PP_MEM_ACTIVATIONS, c->s.acc);
+    pp_free(PP_MEM_ACTIVATIONS, c->s.q8_split);
 }
 
 /* Best seconds per call of one table's loops over all the rows. */

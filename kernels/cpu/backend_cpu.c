@@ -3,6 +3,7 @@
 
 #include "common/alloc.h"
 #include "kernels/cpu/cpu-impl.h"
+#include "kernels/cpu/matmul_q8.h"
 
 static void cpu_free(struct pp_backend *be)
 {
@@ -45,6 +46,8 @@ static pp_status cpu_reserve(struct pp_backend *be, int64_t max_cols, int64_t ma
                                 pp__cpu_attn_parts(max_cols, max_context)) != 0 ||
         pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_PANEL, PP_MM_PANEL_ROWS * PP_MM_KC) != 0 ||
         pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_ACC, PP_MM_ACC_CAP) != 0 ||
+        pp__cpu_scratch_reserve(c, PP_CPU_SCRATCH_Q8_SPLIT,
+                                (pp__q8_split_bytes(max_cols) + 3) / 4) != 0 ||
         x_padded_reserve(c, pp__cpu_x_padded_floats(max_cols)) != 0)
         return pp_error(PP_ERR_NOMEM,
                         "cpu backend: no memory for scratch (%lld cols, %lld positions)",

@@ -15,6 +15,7 @@ enum pp_cpu_scratch_slot {
     PP_CPU_SCRATCH_PARTS,   /* attention split across threads: chunk partials (shared) */
     PP_CPU_SCRATCH_PANEL,   /* packed f32 weight panel of the many-token matmul */
     PP_CPU_SCRATCH_ACC,     /* eight-lane partial sums of the many-token matmul */
+    PP_CPU_SCRATCH_Q8_SPLIT, /* a Q8_0 tile's rows of the file in the copy's layout */
     PP_CPU_SCRATCH_COUNT
 };
 

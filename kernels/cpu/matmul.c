@@ -57,7 +57,8 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread)
     struct matmul_job *j = ctx;
     struct pp_mm_scratch s = {pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_ROW, thread),
                               pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_PANEL, thread),
-                              pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_ACC, thread)};
+                              pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_ACC, thread),
+                              (char *)pp__cpu_scratch(j->cpu, PP_CPU_SCRATCH_Q8_SPLIT, thread)};
     const struct pp_simd *simd = j->cpu->simd;
     for (int i = 0; i < j->count; i++) {
         const struct pp_mm_args *a = &j->args[i];

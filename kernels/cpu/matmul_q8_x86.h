@@ -272,6 +272,7 @@ _Static_assert(Q8_ROWS_MANY == 3, "q8_tiles names the 3-row tiles");
  * 200 on 6, 202-223 with the pairs built once per matmul instead of in each tile
  * (docs/benchmarks.md). */
 #define Q8Z_ROWS 6
+_Static_assert(Q8Z_ROWS <= PP_Q8_SPLIT_ROWS, "a pair tile's rows fit the split rows");
 #define Q8Z_PAIRS 3
 /* Up to this many tokens a chunk's whole pair tiles are spaced as the one- and two-token tiles
  * (Q8_SPACED): tile q takes rows q, q + nz, ..., q + 5 nz. pp_bench_matmul, two threads, two
@@ -505,6 +506,33 @@ static void q8z_pairs(int32_t *xpair, int32_t *xneg, const int8_t *q0, const int
 }
 #endif
 
+/* m's R rows of the file rewritten into buf in the copy's split rows (pp_mm_scratch.q8_split,
+ * kernels/cpu/matmul_q8.h), and m pointed there: the same integers and scales, so the same
+ * bits. Its tiles then prefetch nothing (ahead 0: the rows are in L1). */
+_Static_assert(PP_Q8_SPLIT_ROWS >= Q8_ROWS_MANY, "a tile's rows fit the split rows");
+static void q8_split(struct q8_tile *m, int R, int64_t cols, char *buf)
+{
+    const __m256i bias = _mm256_set1_epi8((char)PP_Q8_GROUP_BIAS);
+    int64_t blocks = cols / PP_Q8_0_BLOCK, stride = pp__q8_split_row_bytes(cols);
+    int64_t q_at = (2 * blocks + 63) / 64 * 64;
+    int pf = m->row_step > 1; /* spaced rows: ask for the next tile's, as their tiles would */
+    for (int r = 0; r < R; r++) {
+        const char *src = m->d[r];
+        char *d = buf + r * stride, *q = d + q_at;
+        for (int64_t b = 0; b < blocks; b++) {
+            const char *blk = src + b * PP_Q8_0_BYTES;
+            if (pf)
+                _mm_prefetch(blk + m->ahead, _MM_HINT_T0);
+            memcpy(d + 2 * b, blk, 2);
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            _mm256_store_si256((__m256i *)(q + b * PP_Q8_0_BLOCK), _mm256_xor_si256(v, bias));
+        }
+        m->d[r] = d;
+        m->q[r] = q;
+    }
+    m->ahead = 0;
+}
+
 /* m's R rows over every token in ymm tiles: Q8_STREAMS_ONE rows take one to three tokens in one
  * tile (one token without software prefetch where the rows are spaced, m->row_step > 1), other
  * rows (1 or Q8_ROWS_MANY) Q8_TOKENS tokens at a time. */
@@ -546,6 +574,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     int wb = a->grouped;
     int64_t r = r0;
     struct q8_tile m;
+    char *split = !wb && a->n >= PP_Q8_SPLIT_MIN_TOKENS ? scratch->q8_split : NULL;
     m.sc = (double *)scratch->acc; /* the zmm tiles' scales */
     /* spaced: whole tiles first, tile q taking rows q, q + ns, q + 2 ns, ... of the chunk's
      * rs · ns, so each stream runs on into the next tile's row: one to three tokens'
@@ -568,11 +597,15 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             q8_place(a, &m, r0 + q, ns, rs);
 #if Q8_ZMM
             if (a->xpair) {
-                q8z_rows(a, &m, wb, NULL, 0);
+                if (split)
+                    q8_split(&m, rs, a->cols, split);
+                q8z_rows(a, &m, wb || split, NULL, 0);
                 continue;
             }
 #endif
-            q8_ymm_tiles(a, &m, wb, rs);
+            if (split)
+                q8_split(&m, rs, a->cols, split);
+            q8_ymm_tiles(a, &m, wb || split, rs);
         }
         r = r0 + rs * ns;
     }
@@ -581,8 +614,10 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 #if Q8_ZMM
         if (a->xpair && left >= Q8Z_ROWS) {
             q8_place(a, &m, r, 1, Q8Z_ROWS);
+            if (split)
+                q8_split(&m, Q8Z_ROWS, a->cols, split);
             int64_t nr = left - Q8Z_ROWS < Q8Z_ROWS ? left - Q8Z_ROWS : Q8Z_ROWS;
-            q8z_rows(a, &m, wb, (const char *)a->w + (r + Q8Z_ROWS) * a->row_bytes,
+            q8z_rows(a, &m, wb || split, (const char *)a->w + (r + Q8Z_ROWS) * a->row_bytes,
                      nr * a->row_bytes);
             r += Q8Z_ROWS;
             continue;
@@ -591,7 +626,9 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         int R = a->n <= 2 ? (left >= Q8_STREAMS_ONE ? Q8_STREAMS_ONE : 1)
                           : (left >= Q8_ROWS_MANY ? Q8_ROWS_MANY : 1);
         q8_place(a, &m, r, 1, R);
-        q8_ymm_tiles(a, &m, wb, R);
+        if (split)
+            q8_split(&m, R, a->cols, split);
+        q8_ymm_tiles(a, &m, wb || split, R);
         r += R;
     }
 }

@@ -123,6 +123,9 @@ struct pp_mm_scratch {
     float *row;   /* [cols] one weight row in f32 (portable path) */
     float *panel; /* [PP_MM_PANEL_ROWS * PP_MM_KC] packed f32 weight panel */
     float *acc;   /* [PP_MM_ACC_CAP] eight-lane partial sums */
+    char *q8_split; /* [pp__q8_split_bytes(cols)] Q8_0 rows of the file rewritten in the copy's
+                     * layout (kernels/cpu/matmul_q8.h); NULL: none, the file's rows read in
+                     * place */
 };
 
 /* Computes y for weight rows [r0, r1) and every token. */

@@ -10,18 +10,22 @@ from conftest import PPSERVE, ppserve_run, run
 SMALL = ("--dim", "64", "--layers", "3", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
          "--vocab", "300", "--ctx", "128")
 PROMPT = [1, 17, 200, 45, 99, 3, 150]
+# past PP_Q8_SPLIT_MIN_TOKENS and Q8Z_SPACED_MAX_TOKENS (kernels/cpu/matmul_q8*.h): the mapped
+# Q8_0 rows rewritten per tile, spaced and adjacent
+LONG_PROMPT = [(i * 37 + 5) % 300 for i in range(50)]
 
 
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 @pytest.mark.parametrize("tp", ["1", "2"])
-def test_copy_and_map_give_the_same_bits(models, tmp_path, dtype, tp):
+@pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["7", "50"])
+def test_copy_and_map_give_the_same_bits(models, tmp_path, dtype, tp, prompt):
     model = models.get(f"cpu_weights_{dtype}", *SMALL, "--dtype", dtype,
                        "--seed", "11") / "model.gguf"
     common = ("--device", "cpu", "--threads", "2", "--tp", tp)
-    default_out, default = ppserve_run(model, PROMPT, 6, tmp_path, common, tag=f"d{tp}")
-    copy_out, copy = ppserve_run(model, PROMPT, 6, tmp_path, (*common, "--cpu-weights", "copy"),
+    default_out, default = ppserve_run(model, prompt, 6, tmp_path, common, tag=f"d{tp}")
+    copy_out, copy = ppserve_run(model, prompt, 6, tmp_path, (*common, "--cpu-weights", "copy"),
                                  tag=f"c{tp}")
-    map_out, mapped = ppserve_run(model, PROMPT, 6, tmp_path, (*common, "--cpu-weights", "map"),
+    map_out, mapped = ppserve_run(model, prompt, 6, tmp_path, (*common, "--cpu-weights", "map"),
                                   tag=f"m{tp}")
     assert len(copy_out["ids"]) == 6
     assert copy_out["ids"] == map_out["ids"] == default_out["ids"]

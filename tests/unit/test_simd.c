@@ -307,7 +307,8 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
     for (int64_t i = 0; i < n * cols; i++)
         x[i] = frand(seed) * 3.0f;
     struct pp_mm_args a = {y1, x, cols, w, dt, rows, cols, n, rb};
-    struct pp_mm_scratch s = {row, panel, acc};
+    char *split = aligned_alloc(64, (size_t)(pp__q8_split_bytes(cols) + 63) / 64 * 64);
+    struct pp_mm_scratch s = {row, panel, acc, split};
     /* Q8_0: the activations in int8, the same bytes from both tables' quantization */
     size_t qbytes = (size_t)pp__q8_act_bytes(n, cols);
     void *qbuf = malloc(qbytes), *qfast = malloc(qbytes);
@@ -390,6 +391,7 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
     free(row);
     free(panel);
     free(acc);
+    free(split);
 }
 
 /* check_weights on random weights. */
