@@ -45,6 +45,8 @@ struct co_stage {
     double weight_bps;     /* measured one-token matmul rate, with its tp workers */
     int64_t memory_bytes;  /* the whole stage's */
     int64_t worker_memory; /* one worker's: its smallest device (memory_bytes / tp without any) */
+    int64_t kv_asked;      /* the KV it would hold at most (its kv_mb; 0: unknown) */
+    int64_t kv_budget;     /* the KV the plan gives it (0: its own choice) */
     uint32_t threads;
     int32_t tp, ep;        /* its TP degree and expert groups (>= 1) */
     double last_seen;      /* monotonic seconds of the last heartbeat or registration */

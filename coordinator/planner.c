@@ -21,7 +21,7 @@ int64_t pp_plan_worker_bytes(const struct pp_plan_model *m, int32_t stage, int32
                      ? ceil_div(m->kv_layer_bytes * (tp <= m->n_kv_heads ? m->n_kv_heads / tp : 1),
                                 m->n_kv_heads)
                      : ceil_div(m->kv_layer_bytes, tp);
-    int64_t b = (int64_t)layers * (ceil_div(m->layer_bytes, tp) + kv);
+    int64_t b = (int64_t)layers * (ceil_div(m->layer_bytes, tp) + kv) + m->worker_reserve_bytes;
     if (stage == 0)
         b += m->first_bytes; /* the embedding, whole on every worker */
     if (stage == n_stages - 1)
@@ -70,8 +70,10 @@ pp_status pp_plan_check(const struct pp_plan_model *m, const struct pp_plan_stag
         int64_t need = need_bytes(m, &stages[i], i, n_stages, counts[i]);
         if (need > stages[i].memory_bytes)
             return pp_error(PP_ERR_EXHAUSTED, "layers: stage %d needs %lld bytes per worker for %d "
-                            "layers (tp %d), a worker has %lld", i, (long long)need, counts[i],
+                            "layers (tp %d; weights, KV reserve and %lld for the process), a "
+                            "worker has %lld", i, (long long)need, counts[i],
                             stages[i].tp > 0 ? stages[i].tp : 1,
+                            (long long)m->worker_reserve_bytes,
                             (long long)stages[i].memory_bytes);
     }
     return PP_OK;
@@ -132,17 +134,23 @@ pp_status pp_plan_partition(const struct pp_plan_model *m, const struct pp_plan_
     }
     if (BEST(P, L) == INFINITY) {
         /* what one worker of each stage could hold at most, against the model's layers */
-        int64_t total = 0, need = m->first_bytes + m->last_bytes +
-                                  (int64_t)L * (m->layer_bytes + m->kv_layer_bytes);
-        for (int32_t i = 0; i < P; i++)
-            total += stages[i].memory_bytes * (stages[i].tp > 1 ? stages[i].tp : 1);
+        int64_t total = 0, model = m->first_bytes + m->last_bytes +
+                                   (int64_t)L * (m->layer_bytes + m->kv_layer_bytes);
+        int64_t need = model;
+        for (int32_t i = 0; i < P; i++) {
+            int64_t w = stages[i].tp > 1 ? stages[i].tp : 1;
+            total += stages[i].memory_bytes * w;
+            need += m->worker_reserve_bytes * w;
+        }
         free(best);
         free(even);
         free(take);
         return pp_error(PP_ERR_EXHAUSTED,
                         "planner: no partition of %d layers fits the stages' memory (the model "
-                        "needs %lld bytes with its KV reserve, the %d stages' workers have %lld "
-                        "in all)", L, (long long)need, P, (long long)total);
+                        "needs %lld bytes with its KV reserve, plus %lld per worker for the "
+                        "process: %lld on the %d stages' workers, which have %lld in all)",
+                        L, (long long)model, (long long)m->worker_reserve_bytes,
+                        (long long)need, P, (long long)total);
     }
     for (int32_t i = P, j = L; i >= 1; i--) {
         counts[i - 1] = TAKE(i, j);

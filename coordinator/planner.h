@@ -29,7 +29,14 @@ struct pp_plan_model {
     double
         last_extra_layers; /* the LM head's cost in layer-equivalents (its weights / a layer's) */
     int32_t n_kv_heads;       /* how kv_layer_bytes splits over workers (0: evenly) */
+    int64_t worker_reserve_bytes; /* kept free on every worker beside its weights and KV: the
+                                   * process's own code, buffers and activations */
 };
+
+/* The KV every stage keeps room for at least, per layer: one sequence of this many positions, or
+ * of the model's context where that is shorter (coordinator/setup.c). What memory is left beside
+ * the weights goes to the KV cache, up to what the stage asks for (its kv_mb). */
+#define PP_PLAN_KV_FLOOR_POSITIONS 2048
 
 /* Fills counts[n_stages] (layers per stage, each >= 1, summing to n_layers) minimising the slowest
  * stage's time per token, counts[i] * seconds_per_layer[i] (plus the LM head on the last stage);
@@ -39,7 +46,8 @@ struct pp_plan_model {
 pp_status pp_plan_partition(const struct pp_plan_model *m, const struct pp_plan_stage *stages,
                             int32_t n_stages, int32_t *counts);
 
-/* What one worker of stage `stage` (of n_stages, with tp workers) holds for `layers` layers. */
+/* What one worker of stage `stage` (of n_stages, with tp workers) needs for `layers` layers: their
+ * weights and KV reserve, and the worker's reserve. */
 int64_t pp_plan_worker_bytes(const struct pp_plan_model *m, int32_t stage, int32_t n_stages,
                              int32_t tp, int32_t layers);
 

@@ -29,6 +29,8 @@ static void describe(struct co_stage *s, const Ppserve__V1__RegisterRequest *req
 {
     s->weight_bps = req->weight_bytes_per_second;
     s->memory_bytes = (int64_t)req->memory_bytes;
+    s->kv_asked = req->kv_budget_bytes <= (uint64_t)INT64_MAX / 2 ? (int64_t)req->kv_budget_bytes
+                                                                   : INT64_MAX / 2;
     s->threads = req->compute_threads;
     s->tp = req->tp > 0 ? (int32_t)req->tp : 1;
     s->ep = req->ep > 0 ? (int32_t)req->ep : 1;

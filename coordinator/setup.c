@@ -7,10 +7,12 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "common/rpc/hop.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/planner.h"
+#include "model/kv_cache.h"
 
 #define ASSIGN_TIMEOUT_MS 120000
 
@@ -97,17 +99,49 @@ static pp_status wait_for_stages(struct coordinator *co)
     return *co->interrupted ? pp_error(PP_ERR_CANCELLED, "stopping") : PP_OK;
 }
 
+/* Each stage's KV budget once its layers are planned: what its workers' memory leaves beside
+ * their weights and the process's reserve, up to what the stage asked for (its kv_mb). A stage
+ * that did not say (kv_asked 0), or whose memory is unknown, keeps its own choice. */
+static void kv_budgets(struct coordinator *co, const struct pp_plan_model *pm,
+                       const int32_t *counts)
+{
+    struct pp_plan_model weights = *pm;
+    weights.kv_layer_bytes = 0;
+    for (int i = 0; i < co->n_stages; i++) {
+        struct co_stage *s = &co->stages[i];
+        s->kv_budget = 0;
+        if (s->kv_asked <= 0 || s->worker_memory <= 0)
+            continue;
+        int64_t used = pp_plan_worker_bytes(&weights, i, co->n_stages, s->tp, counts[i]);
+        int64_t left = (s->worker_memory - used) * s->tp;
+        s->kv_budget = left < s->kv_asked ? left : s->kv_asked;
+        if (s->kv_budget < s->kv_asked)
+            PP_WARN("stage %d (%s): KV budget %.1f MiB of the %.1f MiB it asked for (kv_mb): "
+                    "each of its %d workers has %.1f MiB, of which %d layers' weights and the "
+                    "process's reserve take %.1f MiB",
+                    i, s->address, (double)s->kv_budget / (1 << 20),
+                    (double)s->kv_asked / (1 << 20), s->tp, (double)s->worker_memory / (1 << 20),
+                    counts[i], (double)used / (1 << 20));
+    }
+}
+
 static pp_status plan(struct coordinator *co, int32_t *counts)
 {
     int n = co->n_stages;
+    /* a stage keeps room for at least one sequence of PP_PLAN_KV_FLOOR_POSITIONS positions */
+    int32_t floor = co->mcfg.max_context < PP_PLAN_KV_FLOOR_POSITIONS
+                        ? co->mcfg.max_context
+                        : PP_PLAN_KV_FLOOR_POSITIONS;
     struct pp_plan_model pm = {
         .n_layers = co->mcfg.n_layers,
         .layer_bytes = co->layer_bytes,
-        .kv_layer_bytes = 0,
+        .kv_layer_bytes =
+            pp_kv_block_bytes(1, co->mcfg.n_kv_heads * co->mcfg.head_dim, 1) * floor,
         .first_bytes = co->first_bytes,
         .last_bytes = co->last_bytes,
         .last_extra_layers = co->layer_bytes > 0 ? (double)co->last_bytes / co->layer_bytes : 0,
         .n_kv_heads = co->mcfg.n_kv_heads,
+        .worker_reserve_bytes = (int64_t)PP_MEMORY_HEADROOM,
     };
     struct pp_plan_stage ps[CO_MAX_STAGES];
     for (int i = 0; i < n; i++) {
@@ -117,12 +151,17 @@ static pp_status plan(struct coordinator *co, int32_t *counts)
         ps[i].memory_bytes = s->worker_memory > 0 ? s->worker_memory : INT64_MAX / 4;
         ps[i].tp = s->tp;
     }
+    pp_status st;
     if (co->cfg.layers.n > 0) {
         for (int i = 0; i < n; i++)
             counts[i] = (int32_t)co->cfg.layers.v[i];
-        return pp_plan_check(&pm, ps, n, counts);
+        st = pp_plan_check(&pm, ps, n, counts);
+    } else {
+        st = pp_plan_partition(&pm, ps, n, counts);
     }
-    return pp_plan_partition(&pm, ps, n, counts);
+    if (st == PP_OK)
+        kv_budgets(co, &pm, counts);
+    return st;
 }
 
 /* A stage answered, and retrying the same assignment would get the same answer: its
@@ -149,6 +188,7 @@ static pp_status assign_one(struct coordinator *co, struct co_stage *s, int inde
     a.next_hop = (char *)next_hop;
     a.coordinator = (char *)co->cfg.advertise;
     a.max_batch_tokens = (uint32_t)co->cfg.max_batch_tokens;
+    a.kv_budget_bytes = (uint64_t)s->kv_budget;
     ProtobufCMessage *resp;
     pp_status st = pp_rpc_call(s->ch, "/ppserve.v1.Stage/Assign", &a.base,
                                &ppserve__v1__assign_response__descriptor, ASSIGN_TIMEOUT_MS, &resp,

@@ -90,9 +90,9 @@ static void asg_free(struct pp_stage_assignment *a, int hop_timeout_ms)
 }
 
 /* cpu_weights = copy holds a copy of the range's weights beside the KV budget; where that does not
- * fit the memory this process may use (the coordinator plans weights and KV up to the registered
- * memory, with no headroom), the weights are used from the mapped file instead of the kernel
- * killing the stage mid-load. Returns 1 to map. */
+ * fit the memory this process may use (the coordinator's plan leaves room for both and
+ * PP_MEMORY_HEADROOM, but an Assign may come from elsewhere), the weights are used from the
+ * mapped file instead of the kernel killing the stage mid-load. Returns 1 to map. */
 static int copy_would_not_fit(const struct pp_stage *s, const struct pp_model *m,
                               int64_t kv_bytes)
 {

@@ -9,16 +9,19 @@ import os
 import re
 import subprocess
 
+import grpc
 import pytest
 
-from cluster import (CLEAN_ENV, COORDINATOR, MODEL_FLAGS, PPSERVE, SANITIZER_MARKS, STAGE,
-                     _sanitized, free_port, need_daemons, scaled, terminate, wait_until)
+from cluster import (CHANNEL_OPTIONS, CLEAN_ENV, COORDINATOR, MODEL_FLAGS, PPSERVE,
+                     SANITIZER_MARKS, STAGE, _sanitized, free_port, need_daemons, scaled,
+                     terminate, wait_until)
 from conftest import run, v1_cgroup
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
 
 
-def start_stage(tmp_path, cpus, *flags, cgroup=None, coordinator=None, model_root=None):
+def start_stage(tmp_path, cpus, *flags, cgroup=None, coordinator=None, model_root=None,
+                listen="127.0.0.1:0"):
     """ppserve-stage on cpus (and in the cgroup folder), logging to a file, registering with
     coordinator (by default a port where none listens); returns (process, log path)."""
     need_daemons()
@@ -31,7 +34,7 @@ def start_stage(tmp_path, cpus, *flags, cgroup=None, coordinator=None, model_roo
     with open(log, "wb") as f:
         proc = subprocess.Popen([str(STAGE), "--coordinator",
                                  coordinator or f"127.0.0.1:{free_port()}", "--listen",
-                                 "127.0.0.1:0", "--model_root", str(model_root or tmp_path),
+                                 listen, "--model_root", str(model_root or tmp_path),
                                  "--log_level", "info", *flags],
                                 stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV,
                                 preexec_fn=limit)
@@ -116,9 +119,9 @@ BIG = ("--dim", "1024", "--layers", "8", "--heads", "8", "--kv-heads", "4", "--f
        "--vocab", "16000", "--ctx", "256", "--dtype", "f32", "--seed", "9")
 
 
-def start_pair(tmp_path, root, cgroup, *stage_flags):
+def start_pair(tmp_path, root, cgroup, *stage_flags, kv_mb=64):
     """A coordinator for root's model.gguf on one stage, and that stage (in the cgroup folder,
-    unless None); returns (coordinator, stage, coordinator log, address)."""
+    unless None, with kv_mb); returns (coordinator, stage, coordinator log, address)."""
     need_daemons()
     port = free_port()
     clog = tmp_path / "coordinator.log"
@@ -127,7 +130,7 @@ def start_pair(tmp_path, root, cgroup, *stage_flags):
                                   "model.gguf", "--model_root", str(root), "--stages", "1",
                                   "--log_level", "info"],
                                  stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV)
-    stage, _ = start_stage(tmp_path, os.sched_getaffinity(0), "--kv_mb", "64", *stage_flags,
+    stage, _ = start_stage(tmp_path, os.sched_getaffinity(0), "--kv_mb", str(kv_mb), *stage_flags,
                            cgroup=cgroup, coordinator=f"127.0.0.1:{port}", model_root=root)
     return coord, stage, clog, f"127.0.0.1:{port}"
 
@@ -153,7 +156,7 @@ def test_coordinator_plans_within_a_stages_cgroup_memory(models, tmp_path, memor
     # before, the stage offered the host's RAM (23.5 GiB here) as its memory
     assert re.search(r"stage registered id=\d+ .* worker_memory_mib=512 ", text), text
     assert "no partition of 8 layers fits the stages' memory" in text, text
-    assert f"workers have {512 << 20} in all" in text, text
+    assert f"workers, which have {512 << 20} in all" in text, text
 
 
 def test_stage_memory_mb_caps_what_it_offers(models, tmp_path):
@@ -161,7 +164,7 @@ def test_stage_memory_mb_caps_what_it_offers(models, tmp_path):
     plans within it, as within a cgroup's limit."""
     text = plan_refused(tmp_path, models.get("limits_605mib", *BIG), None, "--memory_mb", "512")
     assert re.search(r"stage registered id=\d+ .* worker_memory_mib=512 ", text), text
-    assert f"workers have {512 << 20} in all" in text, text
+    assert f"workers, which have {512 << 20} in all" in text, text
     stage_log = (tmp_path / "stage.log").read_text(errors="replace")
     assert "memory offered: 512 MiB (memory_mb)" in stage_log, stage_log
 
@@ -186,16 +189,30 @@ def test_cluster_gives_each_stage_a_share_of_the_memory(models, tmp_path):
     assert abs(offered[0] - half) <= 6, text
 
 
-@pytest.mark.parametrize("memory_cgroup", [640], indirect=True)
-def test_stage_maps_weights_its_memory_cannot_copy(models, tmp_path, memory_cgroup):
-    """The plan fits 640 MiB (605 MiB of weights and the planner's KV reserve), but a copy beside
-    the 64 MiB KV budget would not: the stage maps the weights and serves the run's tokens."""
-    if _sanitized(STAGE):
-        pytest.skip("a sanitized stage needs more than 640 MiB of its own")
-    root = models.get("limits_605mib", *BIG)
+def test_plan_leaves_room_for_the_kv_and_the_process(models, tmp_path):
+    """605 MiB of weights in 640 MiB: the weights alone fit, but not beside the planner's KV floor
+    (one sequence of the model's 256 positions) and the process's 64 MiB. Before, the plan
+    counted the weights alone, and the stage had to map them to survive."""
+    text = plan_refused(tmp_path, models.get("limits_605mib", *BIG), None, "--memory_mb", "640")
+    assert "no partition of 8 layers fits the stages' memory" in text, text
+    assert f"plus {64 << 20} per worker for the process: " in text, text
+    assert f"on the 1 stages' workers, which have {640 << 20} in all" in text, text
+
+
+# 151 MiB of f32 weights
+MID = ("--dim", "512", "--layers", "8", "--heads", "8", "--kv-heads", "4", "--ffn", "2048",
+       "--vocab", "8000", "--ctx", "256", "--dtype", "f32", "--seed", "5")
+
+
+def test_kv_budget_is_what_memory_leaves_beside_the_weights(models, tmp_path):
+    """A stage asking for 1024 MiB of KV (kv_mb) in 400 MiB: the coordinator gives it what the
+    weights and the process's reserve leave, says so, and the pipeline serves the run's tokens.
+    Before, the stage took its whole kv_mb beside the weights, more than it offered."""
+    root = models.get("limits_151mib", *MID)
     want = run([PPSERVE, "run", "--model", str(root / "model.gguf"), "--prompt-ids", "1,2,3",
-                "--max-tokens", "3", "--json", "--cpu-weights", "map"])
-    coord, stage, _, addr = start_pair(tmp_path, root, memory_cgroup)
+                "--max-tokens", "3", "--json"])
+    coord, stage, clog, addr = start_pair(tmp_path, root, None, "--memory_mb", "400",
+                                          kv_mb=1024)
     try:
         run([PPSERVE, "status", "--addr", addr, "--wait", str(int(scaled(60)))])
         got = run([PPSERVE, "generate", "--addr", addr, "--prompt-ids", "1,2,3", "--max-tokens",
@@ -203,10 +220,56 @@ def test_stage_maps_weights_its_memory_cannot_copy(models, tmp_path, memory_cgro
     finally:
         terminate(stage)
         terminate(coord)
-    text = (tmp_path / "stage.log").read_text(errors="replace")
+    text = clog.read_text(errors="replace")
+    m = re.search(r"KV budget ([0-9.]+) MiB of the 1024\.0 MiB it asked for \(kv_mb\): each of "
+                  r"its 1 workers has 400\.0 MiB, of which 8 layers' weights and the process's "
+                  r"reserve take ([0-9.]+) MiB", text)
+    assert m, text
+    budget, used = float(m.group(1)), float(m.group(2))
+    assert abs(budget + used - 400.0) < 0.2 and 151.0 + 64.0 < used < 152.0 + 64.0, text
+    # the stage's cache holds what that budget buys: blocks of 16 positions, 8 layers, K and V
+    # of 4 heads of 64 floats
+    stage_log = (tmp_path / "stage.log").read_text(errors="replace")
+    blocks = int(re.search(r"assigned: .* kv_blocks=(\d+) ", stage_log).group(1))
+    block_bytes = 8 * 2 * 16 * 4 * 64 * 4
+    assert blocks == int(budget * (1 << 20)) // block_bytes or \
+        abs(blocks * block_bytes - budget * (1 << 20)) <= block_bytes + 0.1 * (1 << 20), stage_log
+    assert json.loads(got.stdout)["ids"] == json.loads(want.stdout)["ids"]
+
+
+@pytest.mark.parametrize("memory_cgroup", [640], indirect=True)
+def test_stage_maps_weights_an_assignment_cannot_copy(models, tmp_path, memory_cgroup, protos):
+    """The stage's own check, for an Assign that does not leave its copy room (the coordinator's
+    plan always does now, so the Assign comes straight from this test): 605 MiB of weights beside
+    a 64 MiB KV budget in 640 MiB. The stage maps the weights instead of being killed while
+    copying them, and answers with its cache."""
+    if _sanitized(STAGE):
+        pytest.skip("a sanitized stage needs more than 640 MiB of its own")
+    root = models.get("limits_605mib", *BIG)
+    identity = json.loads(run([PPSERVE, "inspect", "--model", str(root / "model.gguf"),
+                               "--json"]).stdout)["identity"]
+    addr = f"127.0.0.1:{free_port()}"
+    stage, log = start_stage(tmp_path, os.sched_getaffinity(0), cgroup=memory_cgroup,
+                             model_root=root, listen=addr)
+    pb = protos.stage
+    try:
+        wait_until(lambda: "probe: device=" in log.read_text(errors="replace"), scaled(60),
+                   "the stage's probe")
+        with grpc.insecure_channel(addr, options=CHANNEL_OPTIONS) as ch:
+            grpc.channel_ready_future(ch).result(timeout=scaled(60))
+            assign = ch.unary_unary("/ppserve.v1.Stage/Assign",
+                                    request_serializer=pb.Assignment.SerializeToString,
+                                    response_deserializer=pb.AssignResponse.FromString)
+            r = assign(pb.Assignment(stage_id=1, index=0, n_stages=1, model="model.gguf",
+                                     model_id=identity, first_layer=0, last_layer=8,
+                                     coordinator=f"127.0.0.1:{free_port()}",
+                                     kv_budget_bytes=64 << 20), timeout=scaled(120))
+    finally:
+        terminate(stage)
+    text = log.read_text(errors="replace")
     assert stage.returncode == 0, text  # copying there: killed by the kernel while loading
     assert "cpu_weights=copy: the weights (605.0 MiB) beside the KV cache (64.0 MiB)" in text, text
-    assert json.loads(got.stdout)["ids"] == json.loads(want.stdout)["ids"]
+    assert r.kv_blocks > 0 and r.weight_bytes > 600 << 20, r
 
 
 @pytest.mark.parametrize("memory_cgroup", [160], indirect=True)

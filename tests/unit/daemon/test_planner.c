@@ -107,7 +107,7 @@ static void test_tensor_parallel_memory(void **state)
     int32_t over[2] = {11, 11};
     assert_int_equal(pp_plan_check(&m, s, 2, over), PP_ERR_EXHAUSTED);
     assert_non_null(strstr(pp_error_detail(), "stage 0 needs"));
-    assert_non_null(strstr(pp_error_detail(), "per worker for 11 layers (tp 2)"));
+    assert_non_null(strstr(pp_error_detail(), "per worker for 11 layers (tp 2;"));
 
     /* the speed a stage measured with its workers is its speed: a tp-2 stage that measured twice
      * the rate takes twice the layers, as any faster stage would */
@@ -115,6 +115,38 @@ static void test_tensor_parallel_memory(void **state)
     assert_int_equal(pp_plan_partition(&m, f, 2, c), PP_OK);
     assert_int_equal(c[0], 7);
     assert_int_equal(c[1], 15);
+}
+
+/* Every worker keeps worker_reserve_bytes free beside its weights and KV reserve: it counts in
+ * what a worker needs, in which partitions fit, and in the messages when none does. */
+static void test_worker_reserve(void **state)
+{
+    (void)state;
+    struct pp_plan_model m = tinyllama();
+    const int64_t MIB = 1 << 20;
+    m.worker_reserve_bytes = 64 * MIB;
+    assert_int_equal(pp_plan_worker_bytes(&m, 1, 3, 1, 4), 4 * 90 * MIB + 64 * MIB);
+    assert_int_equal(pp_plan_worker_bytes(&m, 1, 3, 2, 4), 4 * 45 * MIB + 64 * MIB);
+    /* room for exactly five layers, the embedding and the reserve: five; a byte less: four */
+    int64_t five = 5 * (m.layer_bytes + m.kv_layer_bytes) + m.first_bytes + 64 * MIB;
+    struct pp_plan_stage s[2] = {{1e-3, five, 1}, {1e-3, 8 * GB, 1}};
+    int32_t c[2];
+    assert_int_equal(pp_plan_partition(&m, s, 2, c), PP_OK);
+    assert_int_equal(c[0], 5);
+    s[0].memory_bytes = five - 1;
+    assert_int_equal(pp_plan_partition(&m, s, 2, c), PP_OK);
+    assert_int_equal(c[0], 4);
+    int32_t over[2] = {5, 17};
+    assert_int_equal(pp_plan_check(&m, s, 2, over), PP_ERR_EXHAUSTED);
+    assert_non_null(strstr(pp_error_detail(), "67108864 for the process"));
+    /* the model's bytes alone would fit the two stages; with a reserve on each worker they do not */
+    int64_t all = m.first_bytes + m.last_bytes + 22 * (m.layer_bytes + m.kv_layer_bytes);
+    struct pp_plan_stage half[2] = {{1e-3, all / 2 + 100 * MIB, 1}, {1e-3, all / 2 + 100 * MIB, 1}};
+    m.worker_reserve_bytes = 0;
+    assert_int_equal(pp_plan_partition(&m, half, 2, c), PP_OK);
+    m.worker_reserve_bytes = 128 * MIB;
+    assert_int_equal(pp_plan_partition(&m, half, 2, c), PP_ERR_EXHAUSTED);
+    assert_non_null(strstr(pp_error_detail(), "plus 134217728 per worker for the process: "));
 }
 
 static void test_bad_inputs(void **state)
@@ -143,6 +175,7 @@ int main(void)
         cmocka_unit_test(test_speed_and_head),
         cmocka_unit_test(test_memory_limits),
         cmocka_unit_test(test_tensor_parallel_memory),
+        cmocka_unit_test(test_worker_reserve),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
