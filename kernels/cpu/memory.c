@@ -5,7 +5,10 @@
  * project's machine, see docs/benchmarks.md), in row groups (kernels/cpu/row_groups.h), unless
  * the backend was told to map them, or they are already this process's memory (resident), which
  * stay row-major; vectors are small and used in place. */
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/cpu/cpu-impl.h"
 #include "kernels/cpu/row_groups.h"
@@ -61,6 +64,23 @@ static size_t weight_bytes(const struct pp_weight *w)
     return (size_t)(w->rows * pp_dtype_row_bytes(w->dtype, w->cols));
 }
 
+/* Maps a weight's pages of the model file into this process now (MADV_POPULATE_READ, Linux 5.14;
+ * older kernels refuse it and nothing changes), so that the first forward pass does not take a
+ * page fault every few pages: `ppserve run --cpu-weights map` on the f16 tinyllama, a 128-token
+ * prompt, two runs each alternating, prefill 117.9, 124.4 → 129.3, 136.2 tok/s (the copy's
+ * 126.8-141.7 beside them). Errors are ignored: the pages then come in on first use. */
+static void populate(const void *p, size_t bytes)
+{
+#ifdef MADV_POPULATE_READ
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = ((uintptr_t)p + bytes + page - 1) & ~(page - 1);
+    (void)madvise((void *)lo, hi - lo, MADV_POPULATE_READ);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 pp_status pp__cpu_weight_load(struct pp_backend *be, const struct pp_weight *w, int resident,
                               struct pp_weight *out)
 {
@@ -68,6 +88,8 @@ pp_status pp__cpu_weight_load(struct pp_backend *be, const struct pp_weight *w, 
     if (w->layout != PP_WEIGHT_ROWS)
         return pp_error(PP_ERR_INVALID_ARG, "cpu backend: expected a row-major weight to load, got "
                         "one already in row groups (loaded twice?)");
+    if (!resident && pp__cpu(be)->map_weights && w->data)
+        populate(w->data, weight_bytes(w));
     if (resident || pp__cpu(be)->map_weights || !w->data)
         return PP_OK;
     size_t bytes = weight_bytes(w);

@@ -5,10 +5,14 @@
  * whichever other rows share the batch. */
 #include "testutil.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "kernels/backend.h"
@@ -1297,6 +1301,69 @@ static void test_memory_ops(void **state)
     be->ops->free(be);
 }
 
+/* Kilobytes of this process's memory resident in the mapping that starts at p (its Rss line in
+ * /proc/self/smaps), or -1 when there is none. */
+static long mapping_rss_kb(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int in = 0;
+    long kb = -1;
+    while (kb < 0 && fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) /* a mapping's first line */
+            in = lo == (uintptr_t)p;
+        else if (in && strncmp(line, "Rss:", 4) == 0)
+            kb = strtol(line + 4, NULL, 10);
+    }
+    fclose(f);
+    return kb;
+}
+
+/* A mapped weight's pages of the file are in this process once the backend has loaded it (so a
+ * first forward pass takes no page faults), and the weight is still used in place. */
+static void test_mapped_weight_is_populated(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/pp_test_populate_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    enum { ROWS = 512, COLS = 1024 }; /* 2 MiB of f32 */
+    float *row = malloc(sizeof(float) * COLS);
+    for (int i = 0; i < COLS; i++)
+        row[i] = (float)i;
+    for (int r = 0; r < ROWS; r++)
+        assert_int_equal(write(fd, row, sizeof(float) * COLS), (ssize_t)(sizeof(float) * COLS));
+    free(row);
+    size_t bytes = sizeof(float) * ROWS * COLS;
+    void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    assert_true(map != MAP_FAILED);
+    close(fd);
+    assert_int_equal(mapping_rss_kb(map), 0); /* nothing touched yet */
+    struct pp_backend *be;
+    assert_int_equal(pp_backend_cpu_new(1, &be), PP_OK);
+    struct pp_weight w = {map, PP_DTYPE_F32, ROWS, COLS}, out;
+    pp_backend_cpu_map_weights(be, 1);
+    assert_int_equal(be->ops->weight_load(be, &w, 0, &out), PP_OK);
+    assert_ptr_equal(out.data, map);
+    long kb = mapping_rss_kb(map);
+    be->ops->free(be);
+#ifdef MADV_POPULATE_READ
+    /* a kernel before 5.14 refuses MADV_POPULATE_READ (EINVAL): the pages come on first use */
+    int refused = madvise(map, 4096, MADV_POPULATE_READ) != 0 && errno == EINVAL;
+    munmap(map, bytes);
+    if (refused)
+        skip();
+    assert_int_equal(kb, (long)(bytes >> 10));
+#else
+    munmap(map, bytes);
+    (void)kb;
+#endif
+}
+
 /* --- construction
  * --------------------------------------------------------------------------------- */
 
@@ -1398,6 +1465,7 @@ int main(void)
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_topk),
         cmocka_unit_test(test_memory_ops),
+        cmocka_unit_test(test_mapped_weight_is_populated),
         cmocka_unit_test(test_new_and_reserve_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
