@@ -73,12 +73,13 @@ void pp__q8_pairs_fill(const struct pp_mm_args *a, pp_q8_pairs_fn fn, int64_t t0
  * token tiles read them there as the copy's, where each token tile had taken the file's
  * -128-sums, biased its activations and loaded blocks across cache lines again, block by block.
  * Only addresses change, never a bit. pp_bench_matmul --layout both (the copy's rows against the
- * file's, passes alternating), two threads, two rounds, groups / rows: 128 tokens 1.71 → 1.01,
- * 64 1.68 → 1.03-1.05, 24 1.67 → 1.29-1.35, 8 1.78-1.89 → 1.63-1.69; with PP_SIMD=avx2 128
- * tokens 1.36-1.48 → 0.97-1.01, 8 1.34-1.35 → 1.23-1.25. Below 8 tokens a tile's rows are read
- * by one or two token tiles, and the rewrite cost more than it saved (4 and 6 tokens 1.50-1.60
- * → 1.84-2.06; with PP_SIMD=avx2, 3 and 4 tokens 1.14-1.39 → 1.46-1.62). Rows rewritten at
- * once, one row's bytes there (scales and int8 each starting a cache line) and all of them. */
+ * file's, passes alternating), two threads, two rounds, groups / rows: 128 tokens 1.71 →
+ * 1.01-1.02, 64 1.68 → 1.03-1.05, 24 1.67 → 1.27-1.35, 8 1.78-1.89 → 1.62-1.69; with
+ * PP_SIMD=avx2 128 tokens 1.36-1.48 → 0.97-1.01, 8 1.34-1.35 → 1.23-1.25. Below 8 tokens, where
+ * the rows are read by fewer token tiles, the rewrite cost more than it saved (4 and 6 tokens
+ * 1.50-1.61 → 1.84-2.06; with PP_SIMD=avx2, 3 and 4 tokens 1.14-1.39 → 1.46-1.62). Rows
+ * rewritten at once, one row's bytes there (scales and int8 each starting a cache line) and all
+ * of them. */
 #define PP_Q8_SPLIT_ROWS 6
 #define PP_Q8_SPLIT_MIN_TOKENS 8
 static inline int64_t pp__q8_split_row_bytes(int64_t cols)
