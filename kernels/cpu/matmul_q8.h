@@ -67,11 +67,12 @@ void pp__q8_pairs_bind(struct pp_mm_args *a, void *buf);
  * both tokens of each. */
 void pp__q8_pairs_fill(const struct pp_mm_args *a, pp_q8_pairs_fn fn, int64_t t0, int64_t t1);
 
-/* The file's rows (a->grouped 0, map mode) over PP_Q8_SPLIT_MIN_TOKENS tokens or more: a thread
- * rewrites each tile's rows once into its scratch (pp_mm_scratch.q8_split) in the copy's split-row
- * layout (kernels/cpu/row_groups.h: a row's scales, then its int8 stored q + 128), and the tile's
- * token tiles read them there as the copy's, where each token tile had taken the file's
- * -128-sums, biased its activations and loaded blocks across cache lines again, block by block.
+/* Row-major rows (a->grouped 0: the mapped file, or a tensor-parallel worker's slices, used in
+ * place) over PP_Q8_SPLIT_MIN_TOKENS tokens or more: a thread rewrites each tile's rows once into
+ * its scratch (pp_mm_scratch.q8_split) in the copy's split-row layout (kernels/cpu/row_groups.h:
+ * a row's scales, then its int8 stored q + 128), and the tile's token tiles read them there as
+ * the copy's, where each token tile had taken the rows' -128-sums, biased its activations and
+ * loaded 34-byte blocks across cache lines again, block by block.
  * Only addresses change, never a bit. pp_bench_matmul --layout both (the copy's rows against the
  * file's, passes alternating), two threads, two rounds, groups / rows: 128 tokens 1.71 →
  * 1.01-1.02, 64 1.68 → 1.03-1.05, 24 1.67 → 1.27-1.35, 8 1.78-1.89 → 1.62-1.69; with

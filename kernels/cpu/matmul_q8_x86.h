@@ -506,23 +506,20 @@ static void q8z_pairs(int32_t *xpair, int32_t *xneg, const int8_t *q0, const int
 }
 #endif
 
-/* m's R rows of the file rewritten into buf in the copy's split rows (pp_mm_scratch.q8_split,
+/* m's R row-major rows rewritten into buf in the copy's split rows (pp_mm_scratch.q8_split,
  * kernels/cpu/matmul_q8.h), and m pointed there: the same integers and scales, so the same
- * bits. Its tiles then prefetch nothing (ahead 0: the rows are in L1). */
+ * bits. The tiles' own prefetches then fall on those rows (ahead 0), already in L1. */
 _Static_assert(PP_Q8_SPLIT_ROWS >= Q8_ROWS_MANY, "a tile's rows fit the split rows");
 static void q8_split(struct q8_tile *m, int R, int64_t cols, char *buf)
 {
     const __m256i bias = _mm256_set1_epi8((char)PP_Q8_GROUP_BIAS);
     int64_t blocks = cols / PP_Q8_0_BLOCK, stride = pp__q8_split_row_bytes(cols);
     int64_t q_at = (2 * blocks + 63) / 64 * 64;
-    int pf = m->row_step > 1; /* spaced rows: ask for the next tile's, as their tiles would */
     for (int r = 0; r < R; r++) {
         const char *src = m->d[r];
         char *d = buf + r * stride, *q = d + q_at;
         for (int64_t b = 0; b < blocks; b++) {
             const char *blk = src + b * PP_Q8_0_BYTES;
-            if (pf)
-                _mm_prefetch(blk + m->ahead, _MM_HINT_T0);
             memcpy(d + 2 * b, blk, 2);
             __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 2));
             _mm256_store_si256((__m256i *)(q + b * PP_Q8_0_BLOCK), _mm256_xor_si256(v, bias));
