@@ -105,6 +105,24 @@ static int copy_would_not_fit(const struct pp_stage *s, const struct pp_model *m
     return 1;
 }
 
+/* The KV budget a CPU stage holds: the Assign's, or less where that and PP_MEMORY_HEADROOM would
+ * pass the memory this process may use (an Assign not planned by this coordinator, whose plan
+ * leaves room). The cache is allocated at once, but its pages are taken as sequences fill it, so
+ * an oversized cache would get the stage killed under load, long after the Assign. */
+static int64_t kv_that_fits(const struct pp_stage *s, int64_t kv_bytes)
+{
+    uint64_t usable = s->memory.usable;
+    if (usable == 0 || (uint64_t)kv_bytes + PP_MEMORY_HEADROOM <= usable)
+        return kv_bytes;
+    int64_t room = usable > PP_MEMORY_HEADROOM ? (int64_t)(usable - PP_MEMORY_HEADROOM) : 0;
+    char line[768];
+    pp_memory_describe(&s->memory, line, sizeof(line));
+    PP_WARN("kv budget: %.1f MiB asked for, more than this process may use beside 64 MiB for "
+            "the rest (%s): holding %.1f MiB", (double)kv_bytes / (1 << 20), line,
+            (double)room / (1 << 20));
+    return room;
+}
+
 static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, const char *path,
                       const char *id, int32_t n_layers, struct pp_stage_assignment **out)
 {
@@ -135,6 +153,8 @@ static pp_status load(struct pp_stage *s, const Ppserve__V1__Assignment *m, cons
         (void)pp_cpu_weights_parse(s->cfg.cpu_weights, &map); /* checked at start-up */
         if (!map && s->devices.kind == PP_DEVICE_CPU)
             map = copy_would_not_fit(s, a->model, eo.kv_budget_bytes);
+        if (s->devices.kind == PP_DEVICE_CPU)
+            eo.kv_budget_bytes = kv_that_fits(s, eo.kv_budget_bytes);
         for (int r = 0; r < a->n_workers; r++)
             pp_backend_cpu_map_weights(a->bes[r], map);
         eo.max_seqs = PP_STAGE_MAX_SEQS;

@@ -239,10 +239,11 @@ def test_kv_budget_is_what_memory_leaves_beside_the_weights(models, tmp_path):
 
 @pytest.mark.parametrize("memory_cgroup", [640], indirect=True)
 def test_stage_maps_weights_an_assignment_cannot_copy(models, tmp_path, memory_cgroup, protos):
-    """The stage's own check, for an Assign that does not leave its copy room (the coordinator's
-    plan always does now, so the Assign comes straight from this test): 605 MiB of weights beside
-    a 64 MiB KV budget in 640 MiB. The stage maps the weights instead of being killed while
-    copying them, and answers with its cache."""
+    """The stage's own checks, for Assigns that do not leave room (the coordinator's plan always
+    does now, so they come straight from this test): 605 MiB of weights beside a 64 MiB KV budget
+    in 640 MiB. The stage maps the weights instead of being killed while copying them, and
+    answers with its cache. Then a 4 GiB KV budget, which even mapped weights leave no room for:
+    the stage holds the 576 MiB that 640 less 64 MiB for the rest allow, and says so."""
     if _sanitized(STAGE):
         pytest.skip("a sanitized stage needs more than 640 MiB of its own")
     root = models.get("limits_605mib", *BIG)
@@ -260,16 +261,22 @@ def test_stage_maps_weights_an_assignment_cannot_copy(models, tmp_path, memory_c
             assign = ch.unary_unary("/ppserve.v1.Stage/Assign",
                                     request_serializer=pb.Assignment.SerializeToString,
                                     response_deserializer=pb.AssignResponse.FromString)
-            r = assign(pb.Assignment(stage_id=1, index=0, n_stages=1, model="model.gguf",
-                                     model_id=identity, first_layer=0, last_layer=8,
-                                     coordinator=f"127.0.0.1:{free_port()}",
-                                     kv_budget_bytes=64 << 20), timeout=scaled(120))
+            r, big = (assign(pb.Assignment(stage_id=1, index=0, n_stages=1, model="model.gguf",
+                                           model_id=identity, first_layer=0, last_layer=8,
+                                           coordinator=f"127.0.0.1:{free_port()}",
+                                           kv_budget_bytes=kv), timeout=scaled(120))
+                      for kv in (64 << 20, 4 << 30))
     finally:
         terminate(stage)
     text = log.read_text(errors="replace")
     assert stage.returncode == 0, text  # copying there: killed by the kernel while loading
     assert "cpu_weights=copy: the weights (605.0 MiB) beside the KV cache (64.0 MiB)" in text, text
-    assert r.kv_blocks > 0 and r.weight_bytes > 600 << 20, r
+    # blocks of 16 positions, 8 layers, K and V of 4 heads of 128 floats: 0.5 MiB each
+    assert r.kv_blocks == 128 and r.weight_bytes > 600 << 20, r
+    assert "kv budget: 4096.0 MiB asked for, more than this process may use beside 64 MiB for " \
+        "the rest (0.62 GiB usable" in text, text
+    assert "): holding 576.0 MiB" in text, text
+    assert big.kv_blocks == 1152, big
 
 
 @pytest.mark.parametrize("memory_cgroup", [160], indirect=True)
