@@ -139,7 +139,7 @@ static void test_worker_reserve(void **state)
     int32_t over[2] = {5, 17};
     assert_int_equal(pp_plan_check(&m, s, 2, over), PP_ERR_EXHAUSTED);
     assert_non_null(strstr(pp_error_detail(), "67108864 for the process"));
-    /* the model's bytes alone would fit the two stages; with a reserve on each worker they do not */
+    /* the model's bytes alone fit the two stages; with a reserve on each worker they do not */
     int64_t all = m.first_bytes + m.last_bytes + 22 * (m.layer_bytes + m.kv_layer_bytes);
     struct pp_plan_stage half[2] = {{1e-3, all / 2 + 100 * MIB, 1}, {1e-3, all / 2 + 100 * MIB, 1}};
     m.worker_reserve_bytes = 0;
