@@ -90,9 +90,10 @@ static pp_status on_register(void *ud, const ProtobufCMessage *msg, struct pp_bu
         out.stage_id = s->id;
         co->stages_gen++;
         PP_INFO("stage registered id=%llu address=%s threads=%u tp=%d ep=%d weight_gbps=%.2f "
-                "worker_memory_mib=%lld (%d of %lld)", (unsigned long long)s->id, s->address,
-                s->threads, s->tp, s->ep, s->weight_bps / 1e9,
-                (long long)(s->worker_memory >> 20), co->n_stages, (long long)co->cfg.stages);
+                "worker_memory_mib=%lld kv_mib=%lld (%d of %lld)", (unsigned long long)s->id,
+                s->address, s->threads, s->tp, s->ep, s->weight_bps / 1e9,
+                (long long)(s->worker_memory >> 20), (long long)(s->kv_asked >> 20),
+                co->n_stages, (long long)co->cfg.stages);
         pthread_cond_broadcast(&co->cond);
     } else {
         st = pp_error(PP_ERR_EXHAUSTED, "the pipeline already has its %d stages", co->n_stages);

@@ -206,9 +206,9 @@ static pp_status assign_one(struct coordinator *co, struct co_stage *s, int inde
     s->kv_block_tokens = r->kv_block_tokens;
     s->max_seqs = r->max_seqs;
     s->max_context = r->max_context;
-    PP_INFO("stage assigned index=%d address=%s layers=[%d,%d) kv_blocks=%u weights_mib=%.1f",
-            index, s->address, s->first, s->last, r->kv_blocks,
-            (double)r->weight_bytes / (1 << 20));
+    PP_INFO("stage assigned index=%d address=%s layers=[%d,%d) kv_blocks=%u kv_budget_mib=%.1f "
+            "weights_mib=%.1f", index, s->address, s->first, s->last, r->kv_blocks,
+            (double)s->kv_budget / (1 << 20), (double)r->weight_bytes / (1 << 20));
     protobuf_c_message_free_unpacked(resp, NULL);
     return PP_OK;
 }

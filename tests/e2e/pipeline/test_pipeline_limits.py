@@ -227,6 +227,8 @@ def test_kv_budget_is_what_memory_leaves_beside_the_weights(models, tmp_path):
     assert m, text
     budget, used = float(m.group(1)), float(m.group(2))
     assert abs(budget + used - 400.0) < 0.2 and 151.0 + 64.0 < used < 152.0 + 64.0, text
+    assert re.search(r"stage registered id=\d+ .* worker_memory_mib=400 kv_mib=1024 ", text), text
+    assert f"kv_budget_mib={budget:.1f} " in text, text
     # the stage's cache holds what that budget buys: blocks of 16 positions, 8 layers, K and V
     # of 4 heads of 64 floats
     stage_log = (tmp_path / "stage.log").read_text(errors="replace")
