@@ -223,11 +223,12 @@ static pp_status run_placement(const struct opts *o, const struct pp_model *m,
     double *steps = malloc(2 * (size_t)o->decode * sizeof(double));
     float *logits = malloc((size_t)c->vocab_size * sizeof(float));
     pp_status st = steps && logits ? PP_OK : PP_ERR_NOMEM;
-    int32_t *ids = malloc((size_t)(o->prompt > PROMPT ? o->prompt : PROMPT) * sizeof(int32_t));
+    int n_ids = o->prompt > PROMPT ? o->prompt : PROMPT;
+    int32_t *ids = malloc((size_t)n_ids * sizeof(int32_t));
     int32_t tok[2];
     if (!ids)
         st = PP_ERR_NOMEM;
-    for (int i = 0; ids && i < (o->prompt > PROMPT ? o->prompt : PROMPT); i++)
+    for (int i = 0; ids && i < n_ids; i++)
         ids[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
     for (int k = 0; k < 2 && st == PP_OK; k++) {
         if ((st = pp_backend_cpu_new(o->threads, &be[k])) != PP_OK)

@@ -83,9 +83,13 @@ void pp__q8_pairs_fill(const struct pp_mm_args *a, pp_q8_pairs_fn fn, int64_t t0
  * of them. */
 #define PP_Q8_SPLIT_ROWS 6
 #define PP_Q8_SPLIT_MIN_TOKENS 8
+static inline int64_t pp__q8_split_q_offset(int64_t cols) /* where a row's int8 start */
+{
+    return (2 * (cols / PP_Q8_0_BLOCK) + 63) / 64 * 64;
+}
 static inline int64_t pp__q8_split_row_bytes(int64_t cols)
 {
-    return (2 * (cols / PP_Q8_0_BLOCK) + 63) / 64 * 64 + (cols + 63) / 64 * 64;
+    return pp__q8_split_q_offset(cols) + (cols + 63) / 64 * 64;
 }
 static inline int64_t pp__q8_split_bytes(int64_t cols)
 {

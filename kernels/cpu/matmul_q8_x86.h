@@ -514,7 +514,7 @@ static void q8_split(struct q8_tile *m, int R, int64_t cols, char *buf)
 {
     const __m256i bias = _mm256_set1_epi8((char)PP_Q8_GROUP_BIAS);
     int64_t blocks = cols / PP_Q8_0_BLOCK, stride = pp__q8_split_row_bytes(cols);
-    int64_t q_at = (2 * blocks + 63) / 64 * 64;
+    int64_t q_at = pp__q8_split_q_offset(cols);
     for (int r = 0; r < R; r++) {
         const char *src = m->d[r];
         char *d = buf + r * stride, *q = d + q_at;
@@ -553,9 +553,11 @@ static void q8_ymm_tiles(const struct pp_mm_args *a, const struct q8_tile *m, in
 }
 
 /* m over R rows of a: first, first + step, ...; a prefetch reads the same bytes of the row after
- * each (step > 1: every row its own stream) or R rows on. */
-static void q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t first, int64_t step,
-                     int R)
+ * each (step > 1: every row its own stream) or R rows on. With split (row-major rows over many
+ * tokens, kernels/cpu/matmul_q8.h), the rows are rewritten there first (q8_split). Returns
+ * whether the tiles read them as the copy's (WB). */
+static int q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t first, int64_t step,
+                    int R, char *split)
 {
     int64_t qs, ds;
     for (int i = 0; i < R; i++)
@@ -563,15 +565,17 @@ static void q8_place(const struct pp_mm_args *a, struct q8_tile *m, int64_t firs
     m->row0 = first;
     m->row_step = step;
     m->ahead = (step > 1 ? 1 : R) * a->row_bytes;
+    if (split)
+        q8_split(m, R, a->cols, split);
+    return a->grouped || split;
 }
 
 static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                     const struct pp_mm_scratch *scratch)
 {
-    int wb = a->grouped;
     int64_t r = r0;
     struct q8_tile m;
-    char *split = !wb && a->n >= PP_Q8_SPLIT_MIN_TOKENS ? scratch->q8_split : NULL;
+    char *split = !a->grouped && a->n >= PP_Q8_SPLIT_MIN_TOKENS ? scratch->q8_split : NULL;
     m.sc = (double *)scratch->acc; /* the zmm tiles' scales */
     /* spaced: whole tiles first, tile q taking rows q, q + ns, q + 2 ns, ... of the chunk's
      * rs · ns, so each stream runs on into the next tile's row: one to three tokens'
@@ -591,18 +595,14 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     int64_t ns = rs ? (r1 - r0) / rs : 0;
     if (ns >= 2) {
         for (int64_t q = 0; q < ns; q++) {
-            q8_place(a, &m, r0 + q, ns, rs);
+            int copy = q8_place(a, &m, r0 + q, ns, rs, split);
 #if Q8_ZMM
             if (a->xpair) {
-                if (split)
-                    q8_split(&m, rs, a->cols, split);
-                q8z_rows(a, &m, wb || split, NULL, 0);
+                q8z_rows(a, &m, copy, NULL, 0);
                 continue;
             }
 #endif
-            if (split)
-                q8_split(&m, rs, a->cols, split);
-            q8_ymm_tiles(a, &m, wb || split, rs);
+            q8_ymm_tiles(a, &m, copy, rs);
         }
         r = r0 + rs * ns;
     }
@@ -610,11 +610,9 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         int64_t left = r1 - r;
 #if Q8_ZMM
         if (a->xpair && left >= Q8Z_ROWS) {
-            q8_place(a, &m, r, 1, Q8Z_ROWS);
-            if (split)
-                q8_split(&m, Q8Z_ROWS, a->cols, split);
+            int copy = q8_place(a, &m, r, 1, Q8Z_ROWS, split);
             int64_t nr = left - Q8Z_ROWS < Q8Z_ROWS ? left - Q8Z_ROWS : Q8Z_ROWS;
-            q8z_rows(a, &m, wb || split, (const char *)a->w + (r + Q8Z_ROWS) * a->row_bytes,
+            q8z_rows(a, &m, copy, (const char *)a->w + (r + Q8Z_ROWS) * a->row_bytes,
                      nr * a->row_bytes);
             r += Q8Z_ROWS;
             continue;
@@ -622,10 +620,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 #endif
         int R = a->n <= 2 ? (left >= Q8_STREAMS_ONE ? Q8_STREAMS_ONE : 1)
                           : (left >= Q8_ROWS_MANY ? Q8_ROWS_MANY : 1);
-        q8_place(a, &m, r, 1, R);
-        if (split)
-            q8_split(&m, R, a->cols, split);
-        q8_ymm_tiles(a, &m, wb || split, R);
+        q8_ymm_tiles(a, &m, q8_place(a, &m, r, 1, R, split), R);
         r += R;
     }
 }
