@@ -83,13 +83,26 @@ Q8_AI __m256 q8_load8(const float *p, int n)
     return _mm256_loadu_ps(v);
 }
 
-/* Row r's scales d_w of blocks b8 to b8 + n - 1 (n ≤ 8) as f32, the rest 0. */
+/* Row r's scales d_w of blocks b8 to b8 + n - 1 (n ≤ 8) as f32, the rest 0. The file's eight
+ * scales, 34 bytes apart, are gathered in registers (vpinsrw): written to the stack as eight
+ * 2-byte stores and read back as one 16-byte load, they cannot be forwarded from the stores, and
+ * that stall, once per row and 8 blocks, had made row-major rows the slower layout by far.
+ * pp_bench_matmul --layout both --row-div 64, one thread, weights in cache, groups / rows: 1
+ * token 1.83 → 1.14, 2 tokens 1.54 → 1.05, 4 tokens 1.64 → 1.09 (Zen 3, AVX2;
+ * docs/benchmarks.md, "Row-major Q8_0 scales"). */
 Q8_AI __m256 q8_row_scales8(const struct q8_tile *m, int r, int WB, int64_t b8, int n)
 {
     __m128i h;
     if (WB && n == 8)
         h = _mm_loadu_si128((const __m128i *)(m->d[r] + 2 * b8));
-    else {
+    else if (n == 8) {
+        const char *p = m->d[r] + b8 * PP_Q8_0_BYTES;
+        uint16_t v[8];
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            memcpy(&v[j], p + j * PP_Q8_0_BYTES, sizeof(v[j]));
+        h = _mm_setr_epi16((short)v[0], (short)v[1], (short)v[2], (short)v[3], (short)v[4],
+                           (short)v[5], (short)v[6], (short)v[7]);
+    } else {
         uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int j = 0; j < n; j++)
             memcpy(&v[j], m->d[r] + (b8 + j) * (WB ? 2 : PP_Q8_0_BYTES), sizeof(v[j]));
