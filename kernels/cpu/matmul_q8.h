@@ -68,7 +68,7 @@ void pp__q8_pairs_bind(struct pp_mm_args *a, void *buf);
 void pp__q8_pairs_fill(const struct pp_mm_args *a, pp_q8_pairs_fn fn, int64_t t0, int64_t t1);
 
 /* Row-major rows (a->grouped 0: the mapped file, or a tensor-parallel worker's slices, used in
- * place) over PP_Q8_SPLIT_MIN_TOKENS tokens or more: a thread rewrites each tile's rows once into
+ * place) over a table's split threshold in tokens or more: a thread rewrites each tile's rows once into
  * its scratch (pp_mm_scratch.q8_split) in the copy's split-row layout (kernels/cpu/row_groups.h:
  * a row's scales, then its int8 stored q + 128), and the tile's token tiles read them there as
  * the copy's, where each token tile had taken the rows' -128-sums, biased its activations and
@@ -78,11 +78,17 @@ void pp__q8_pairs_fill(const struct pp_mm_args *a, pp_q8_pairs_fn fn, int64_t t0
  * 1.01-1.02, 64 1.68 → 1.03-1.05, 24 1.67 → 1.27-1.35, 8 1.78-1.89 → 1.62-1.69; with
  * PP_SIMD=avx2 128 tokens 1.36-1.48 → 0.97-1.01, 8 1.34-1.35 → 1.23-1.25. Below 8 tokens, where
  * the rows are read by fewer token tiles, the rewrite cost more than it saved (4 and 6 tokens
- * 1.50-1.61 → 1.84-2.06; with PP_SIMD=avx2, 3 and 4 tokens 1.14-1.39 → 1.46-1.62). Rows
- * rewritten at once, one row's bytes there (scales and int8 each starting a cache line) and all
- * of them. */
+ * 1.50-1.61 → 1.84-2.06; with PP_SIMD=avx2, 3 and 4 tokens 1.14-1.39 → 1.46-1.62), so the VNNI
+ * table splits from 8 tokens. Those figures predate the file's scales gathered in registers
+ * (q8_row_scales8, kernels/cpu/matmul_q8_x86.h), which made the unsplit rows faster: on Zen 3
+ * (AVX2 table), two threads, two rounds, groups / rows with the split from 8 tokens against
+ * without it, 8 tokens 1.34-1.40 against 1.10-1.17, 16 1.19 against 1.11-1.12, 24 1.12-1.15
+ * against 1.13-1.14, 32 1.10-1.11 against 1.13, 64 1.03-1.04 against 1.13-1.18, 128 1.00-1.02
+ * against 1.11-1.14, so the AVX2 table splits from 24. Rows rewritten at once, one row's bytes
+ * there (scales and int8 each starting a cache line) and all of them. */
 #define PP_Q8_SPLIT_ROWS 6
-#define PP_Q8_SPLIT_MIN_TOKENS 8
+#define PP_Q8_SPLIT_MIN_TOKENS_VNNI 8
+#define PP_Q8_SPLIT_MIN_TOKENS_AVX2 24
 static inline int64_t pp__q8_split_q_offset(int64_t cols) /* where a row's int8 start */
 {
     return (2 * (cols / PP_Q8_0_BLOCK) + 63) / 64 * 64;

@@ -19,6 +19,7 @@
 #define Q8_DOT(aw, xs) _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), _mm256_set1_epi16(1))
 #define Q8_STREAMS_ONE 2 /* 6 accumulators of the 16 registers */
 #define Q8_TOKENS 2
+#define Q8_SPLIT_MIN_TOKENS PP_Q8_SPLIT_MIN_TOKENS_AVX2
 #include "kernels/cpu/matmul_q8_x86.h"
 
 /* pp__q8_act_block on eight lanes: the same comparisons, the same two divisions in scalar, the

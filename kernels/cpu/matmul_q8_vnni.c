@@ -22,6 +22,7 @@
 #define Q8_STREAMS_ONE 4
 #define Q8_TOKENS 4
 #define Q8_ZMM 1
+#define Q8_SPLIT_MIN_TOKENS PP_Q8_SPLIT_MIN_TOKENS_VNNI
 #include "kernels/cpu/matmul_q8_x86.h"
 
 void pp__mm_q8_vnni(const struct pp_mm_args *a, int64_t r0, int64_t r1,

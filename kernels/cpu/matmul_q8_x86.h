@@ -9,7 +9,9 @@
  *    copy's weights go in as stored (w + 128) with the activations x, and the token's block sum
  *    128 · Σ x, counted once per block, starts the sum negated; the file's weights go in as they
  *    are with x + 128, and the row block's 128 · Σ w starts it;
- *  - Q8_STREAMS_ONE: rows per tile for one or two tokens; Q8_TOKENS: tokens per tile beyond two.
+ *  - Q8_STREAMS_ONE: rows per tile for one or two tokens; Q8_TOKENS: tokens per tile beyond two;
+ *  - Q8_SPLIT_MIN_TOKENS: from how many tokens row-major rows are rewritten per tile
+ *    (kernels/cpu/matmul_q8.h).
  *
  * A ymm register holds one output element's eight lanes, as in the f32 kernels. Each row is one
  * stream: the file's 34-byte blocks, or in the backend's copy (kernels/cpu/row_groups.h) the
@@ -588,7 +590,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 {
     int64_t r = r0;
     struct q8_tile m;
-    char *split = !a->grouped && a->n >= PP_Q8_SPLIT_MIN_TOKENS ? scratch->q8_split : NULL;
+    char *split = !a->grouped && a->n >= Q8_SPLIT_MIN_TOKENS ? scratch->q8_split : NULL;
     m.sc = (double *)scratch->acc; /* the zmm tiles' scales */
     /* spaced: whole tiles first, tile q taking rows q, q + ns, q + 2 ns, ... of the chunk's
      * rs · ns, so each stream runs on into the next tile's row: one to three tokens'

@@ -10,7 +10,7 @@ from conftest import PPSERVE, ppserve_run, run
 SMALL = ("--dim", "64", "--layers", "3", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
          "--vocab", "300", "--ctx", "128")
 PROMPT = [1, 17, 200, 45, 99, 3, 150]
-# past PP_Q8_SPLIT_MIN_TOKENS and Q8Z_SPACED_MAX_TOKENS (kernels/cpu/matmul_q8*.h): the mapped
+# past PP_Q8_SPLIT_MIN_TOKENS_* and Q8Z_SPACED_MAX_TOKENS (kernels/cpu/matmul_q8*.h): the mapped
 # Q8_0 rows rewritten per tile, spaced and adjacent
 LONG_PROMPT = [(i * 37 + 5) % 300 for i in range(50)]
 
