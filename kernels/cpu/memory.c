@@ -81,6 +81,34 @@ static void populate(const void *p, size_t bytes)
 #endif
 }
 
+/* One weight's copy in row groups, split over the backend's threads in ranges of whole groups
+ * of about 2 MiB (a huge page of the copy each): the copy's first touch of each page (the kernel
+ * zeroes it, and a virtual machine's host may first back it) and the rewrite run on every thread
+ * at once instead of on the loading one. */
+struct pack_job {
+    void *dst;
+    const struct pp_weight *w;
+    int64_t group_rows; /* rows per item */
+};
+
+static void pack_groups(void *ctx, int64_t g0, int64_t g1, int thread)
+{
+    const struct pack_job *j = ctx;
+    (void)thread;
+    int64_t r0 = g0 * j->group_rows, r1 = g1 * j->group_rows;
+    pp__row_groups_pack_range(j->dst, j->w->data, j->w->dtype, j->w->rows, j->w->cols, r0,
+                              r1 < j->w->rows ? r1 : j->w->rows);
+}
+
+static void pack(struct pp_cpu *c, void *dst, const struct pp_weight *w)
+{
+    struct pack_job j = {dst, w, PP_ROW_GROUP};
+    int64_t groups = (w->rows + PP_ROW_GROUP - 1) / PP_ROW_GROUP;
+    int64_t group_bytes = PP_ROW_GROUP * pp_dtype_row_bytes(w->dtype, w->cols);
+    int64_t grain = ((int64_t)2 << 20) / group_bytes;
+    pp_threadpool_run_dynamic(c->pool, pack_groups, &j, groups, grain > 0 ? grain : 1, 1);
+}
+
 pp_status pp__cpu_weight_load(struct pp_backend *be, const struct pp_weight *w, int resident,
                               struct pp_weight *out)
 {
@@ -99,7 +127,7 @@ pp_status pp__cpu_weight_load(struct pp_backend *be, const struct pp_weight *w, 
                         "(%zu bytes) out of the model file (cpu_weights = \"map\" computes from "
                         "the file in place)", (long long)w->rows, (long long)w->cols,
                         pp_dtype_name(w->dtype), bytes);
-    pp__row_groups_pack(p, w->data, w->dtype, w->rows, w->cols);
+    pack(pp__cpu(be), p, w);
     out->data = p;
     out->layout = PP_WEIGHT_ROW_GROUPS;
     return PP_OK;

@@ -31,27 +31,45 @@ static void q8_row_split(char *dst, const char *src, int64_t blocks)
     }
 }
 
-void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t rows, int64_t cols)
+/* A group's row i, its whole units of ub bytes (16 or 32: a fixed size, so each copy is a move
+ * or two, not a call of memcpy) at stride apart. */
+static void copy_units(char *dst, const char *row, int64_t whole, int64_t stride, int64_t ub)
+{
+    if (ub == 16)
+        for (int64_t u = 0; u < whole; u++)
+            memcpy(dst + u * stride, row + u * 16, 16);
+    else
+        for (int64_t u = 0; u < whole; u++)
+            memcpy(dst + u * stride, row + u * 32, 32);
+}
+
+void pp__row_groups_pack_range(void *dst, const void *src, enum pp_dtype dt, int64_t rows,
+                               int64_t cols, int64_t r0, int64_t r1)
 {
     int64_t row_bytes = pp_dtype_row_bytes(dt, cols), ue = pp__unit_elems(dt);
     int64_t ub = pp__unit_bytes(dt), whole = cols / ue, units = (cols + ue - 1) / ue;
     int64_t tail = row_bytes - whole * ub; /* stored bytes of the short last unit, if any */
     if (dt == PP_DTYPE_Q8_0) {
-        for (int64_t r = 0; r < rows; r++)
+        for (int64_t r = r0; r < r1; r++)
             q8_row_split((char *)dst + r * row_bytes, (const char *)src + r * row_bytes, whole);
         return;
     }
-    for (int64_t g0 = 0; g0 < rows; g0 += PP_ROW_GROUP) {
+    for (int64_t g0 = r0; g0 < r1; g0 += PP_ROW_GROUP) {
         int64_t g = group_rows(rows, g0);
         struct pp_row_group q = pp__row_group(dt, cols, 1, g);
         char *gd = (char *)dst + g0 * row_bytes;
         for (int64_t i = 0; i < g; i++) {
             const char *row = (const char *)src + (g0 + i) * row_bytes;
-            for (int64_t u = 0; u < units; u++)
-                memcpy(gd + unit_offset(&q, whole, i, u), row + u * ub,
-                       (size_t)(u < whole ? ub : tail));
+            copy_units(gd + unit_offset(&q, whole, i, 0), row, whole, q.unit_stride, ub);
+            if (whole < units)
+                memcpy(gd + unit_offset(&q, whole, i, whole), row + whole * ub, (size_t)tail);
         }
     }
+}
+
+void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t rows, int64_t cols)
+{
+    pp__row_groups_pack_range(dst, src, dt, rows, cols, 0, rows);
 }
 
 void pp__row_groups_row_to_f32(float *dst, const void *w, enum pp_dtype dt, int64_t rows,

@@ -63,6 +63,11 @@ static inline struct pp_row_group pp__row_group(enum pp_dtype dt, int64_t cols, 
 /* Rewrites a row-major [rows, cols] dt weight into the grouped layout (dst and src the same size,
  * not overlapping). */
 void pp__row_groups_pack(void *dst, const void *src, enum pp_dtype dt, int64_t rows, int64_t cols);
+/* The same for rows [r0, r1) of them only, r0 a multiple of PP_ROW_GROUP and r1 too or rows: the
+ * bytes pp__row_groups_pack writes there, so ranges that cover the rows may be packed apart, on
+ * different threads. */
+void pp__row_groups_pack_range(void *dst, const void *src, enum pp_dtype dt, int64_t rows,
+                               int64_t cols, int64_t r0, int64_t r1);
 
 /* Row r of a grouped [rows, cols] dt weight as f32 (exact, as pp_row_to_f32). */
 void pp__row_groups_row_to_f32(float *dst, const void *w, enum pp_dtype dt, int64_t rows,

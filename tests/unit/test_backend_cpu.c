@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu-impl.h"
 #include "kernels/cpu/matmul_q8.h"
+#include "kernels/cpu/row_groups.h"
 #include "kernels/cpu/simd.h"
 
 #define N_BE 4 /* backends with 1, 2, 3 and 4 threads */
@@ -1324,6 +1325,35 @@ static long mapping_rss_kb(const void *p)
 
 /* A mapped weight's pages of the file are in this process once the backend has loaded it (so a
  * first forward pass takes no page faults), and the weight is still used in place. */
+/* A copy bigger than one of the load's 2 MiB ranges, packed by three threads, holds the bytes one
+ * pass of pp__row_groups_pack writes, in every dtype, with rows not a multiple of the groups and
+ * cols not of the units. */
+static void test_weight_load_in_parallel(void **state)
+{
+    (void)state;
+    struct pp_backend *be;
+    assert_int_equal(pp_backend_cpu_new(3, &be), PP_OK);
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
+    unsigned seed = 31;
+    for (int d = 0; d < 4; d++) {
+        int64_t rows = 4001, cols = dts[d] == PP_DTYPE_Q8_0 ? 1024 : 1021;
+        size_t bytes = (size_t)(rows * pp_dtype_row_bytes(dts[d], cols));
+        assert_true(bytes > ((size_t)4 << 20));
+        unsigned char *src = malloc(bytes), *want = malloc(bytes);
+        for (size_t i = 0; i < bytes; i++)
+            src[i] = (unsigned char)(rand_r(&seed) & 0x3f); /* finite in every dtype */
+        pp__row_groups_pack(want, src, dts[d], rows, cols);
+        struct pp_weight w = {src, dts[d], rows, cols}, out;
+        assert_int_equal(be->ops->weight_load(be, &w, 0, &out), PP_OK);
+        assert_int_equal(out.layout, PP_WEIGHT_ROW_GROUPS);
+        assert_memory_equal(out.data, want, bytes);
+        be->ops->weight_free(be, &out);
+        free(src);
+        free(want);
+    }
+    be->ops->free(be);
+}
+
 static void test_mapped_weight_is_populated(void **state)
 {
     (void)state;
@@ -1465,6 +1495,7 @@ int main(void)
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_topk),
         cmocka_unit_test(test_memory_ops),
+        cmocka_unit_test(test_weight_load_in_parallel),
         cmocka_unit_test(test_mapped_weight_is_populated),
         cmocka_unit_test(test_new_and_reserve_errors),
     };
