@@ -112,7 +112,7 @@ static int copy_would_not_fit(const struct pp_stage *s, const struct pp_model *m
 static int64_t kv_that_fits(const struct pp_stage *s, int64_t kv_bytes)
 {
     uint64_t usable = s->memory.usable;
-    if (usable == 0 || (uint64_t)kv_bytes + PP_MEMORY_HEADROOM <= usable)
+    if (pp_memory_fits(&s->memory, 0, (uint64_t)kv_bytes, NULL, 0))
         return kv_bytes;
     int64_t room = usable > PP_MEMORY_HEADROOM ? (int64_t)(usable - PP_MEMORY_HEADROOM) : 0;
     char line[768];
