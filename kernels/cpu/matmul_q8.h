@@ -68,7 +68,7 @@ void pp__q8_pairs_bind(struct pp_mm_args *a, void *buf);
 void pp__q8_pairs_fill(const struct pp_mm_args *a, pp_q8_pairs_fn fn, int64_t t0, int64_t t1);
 
 /* Row-major rows (a->grouped 0: the mapped file, or a tensor-parallel worker's slices, used in
- * place) over a table's split threshold in tokens or more: a thread rewrites each tile's rows once into
+ * place) over a table's threshold of tokens or more: a thread rewrites each tile's rows once into
  * its scratch (pp_mm_scratch.q8_split) in the copy's split-row layout (kernels/cpu/row_groups.h:
  * a row's scales, then its int8 stored q + 128), and the tile's token tiles read them there as
  * the copy's, where each token tile had taken the rows' -128-sums, biased its activations and

@@ -1323,8 +1323,6 @@ static long mapping_rss_kb(const void *p)
     return kb;
 }
 
-/* A mapped weight's pages of the file are in this process once the backend has loaded it (so a
- * first forward pass takes no page faults), and the weight is still used in place. */
 /* A copy bigger than one of the load's 2 MiB ranges, packed by three threads, holds the bytes one
  * pass of pp__row_groups_pack writes, in every dtype, with rows not a multiple of the groups and
  * cols not of the units. */
@@ -1354,6 +1352,8 @@ static void test_weight_load_in_parallel(void **state)
     be->ops->free(be);
 }
 
+/* A mapped weight's pages of the file are in this process once the backend has loaded it (so a
+ * first forward pass takes no page faults), and the weight is still used in place. */
 static void test_mapped_weight_is_populated(void **state)
 {
     (void)state;
