@@ -43,6 +43,10 @@ double pp_bench_bw_pass(struct pp_bench_bw *b, int n_threads, int streams);
  * widest vectors the CPU has (pp_bench_fma_isa: 16 floats with AVX-512, else 8 with AVX2): FP32
  * FLOP per second (an FMA counts 2). 0 when the CPU has no FMA. */
 double pp_bench_fma_peak(int n_threads);
+/* The CPU's name for a bench's header and JSON ("cpu"): its brand string with family and model on
+ * x86 ("AMD EPYC (family 25, model 1)"), else /proc/cpuinfo's model name, else "unknown". The
+ * hosts differ from run to run, so figures are compared only where it is the same. */
+void pp_bench_cpu_name(char *out, size_t n);
 /* "avx512", "avx2" or "none": the vectors pp_bench_fma_peak measures. */
 const char *pp_bench_fma_isa(void);
 

@@ -198,6 +198,9 @@ int main(int argc, char **argv)
         printf("pp_bench_attn: %d threads, tinyllama attention (%d/%d heads of %d, %d layers), "
                "a %d-row prompt window at each context, best of %d\n",
                threads, HEADS, KV_HEADS, HEAD_DIM, LAYERS, WINDOW, reps);
+    char cpu_name[160];
+    pp_bench_cpu_name(cpu_name, sizeof(cpu_name));
+    printf("cpu: %s\n", cpu_name);
     printf("machine: FP32 FMA peak %.1f GFLOP/s (%s", peak / 1e9, pp_bench_fma_isa());
     if (decode)
         printf("), read bandwidth %.2f GB/s (load average %.2f)\n", bw / 1e9, load0);
@@ -234,6 +237,8 @@ int main(int argc, char **argv)
         struct pp_json j;
         pp_json_init(&j);
         pp_json_begin_object(&j);
+        pp_json_key(&j, "cpu");
+        pp_json_cstring(&j, cpu_name);
         pp_json_key(&j, "threads");
         pp_json_int(&j, threads);
         pp_json_key(&j, "mode");

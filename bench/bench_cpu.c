@@ -497,6 +497,9 @@ int main(int argc, char **argv)
     pp_cpus_read(&cpus);
     pp_cpus_describe(&cpus, cpu_line, sizeof(cpu_line));
     pp_cpus_threads(&cpus, o.threads, cpu_warn, sizeof(cpu_warn));
+    char cpu_name[160];
+    pp_bench_cpu_name(cpu_name, sizeof(cpu_name));
+    printf("cpu: %s\n", cpu_name);
     printf("cpus: %s\n", cpu_line);
     if (cpu_warn[0])
         printf("warning: %s\n", cpu_warn);
@@ -644,6 +647,8 @@ int main(int argc, char **argv)
         pp_json_int(&j, o.threads);
         pp_json_key(&j, "usable_cpus");
         pp_json_int(&j, cpus.usable);
+        pp_json_key(&j, "cpu");
+        pp_json_cstring(&j, cpu_name);
         pp_json_key(&j, "shape");
         pp_json_cstring(&j, "tinyllama");
         pp_json_key(&j, "prompt_tokens");

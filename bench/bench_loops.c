@@ -172,6 +172,10 @@ static int write_json(const char *path, const struct loops_result *res, int n_re
     struct pp_json j;
     pp_json_init(&j);
     pp_json_begin_object(&j);
+    char cpu_name[160];
+    pp_bench_cpu_name(cpu_name, sizeof(cpu_name));
+    pp_json_key(&j, "cpu");
+    pp_json_cstring(&j, cpu_name);
     pp_json_key(&j, "kernels");
     pp_json_cstring(&j, isa);
     pp_json_key(&j, "cols");
@@ -249,6 +253,9 @@ int main(int argc, char **argv)
     printf("pp_bench_loops: one thread, %ld KiB of weights in row groups, cols %ld, kernels %s, "
            "prefetch into %s; best of %d passes\n",
            kib, cols, fast->name, pp_simd_prefetch_l2() ? "L2" : "L1", PASSES);
+    char cpu_name[160];
+    pp_bench_cpu_name(cpu_name, sizeof(cpu_name));
+    printf("cpu: %s\n", cpu_name);
     printf("%-6s %6s %6s %12s %12s %10s\n", "dtype", "tokens", "rows", "fast GB/s",
            "portable GB/s", "fast/port");
     struct loops_result res[MAX_RESULTS];

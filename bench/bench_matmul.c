@@ -243,6 +243,9 @@ int main(int argc, char **argv)
         "pp_bench_matmul: %d threads, %d tinyllama layers' matrices (1/%d of the rows; layout %s), "
         "median of %d passes (load average %.2f, read bandwidth %.2f GB/s)\n",
         threads, layers, row_div, layout, reps, load0, bw0 / 1e9);
+    char cpu_name[160];
+    pp_bench_cpu_name(cpu_name, sizeof(cpu_name));
+    printf("cpu: %s\n", cpu_name);
     printf("%-6s %6s %-6s %10s %10s %9s %9s %9s %9s\n", "dtype", "tokens", "layout", "MB/pass",
            "median ms", "GB/s", "best GB/s", "cpu GB/s", "GFLOP/s");
     struct result res[64];
@@ -342,6 +345,8 @@ int main(int argc, char **argv)
         struct pp_json j;
         pp_json_init(&j);
         pp_json_begin_object(&j);
+        pp_json_key(&j, "cpu");
+        pp_json_cstring(&j, cpu_name);
         pp_json_key(&j, "threads");
         pp_json_int(&j, threads);
         pp_json_key(&j, "row_div");

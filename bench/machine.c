@@ -8,9 +8,59 @@
 #include "bench/bench.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86 1
 #endif
+#include <stdio.h>
+
+/* s with its leading and trailing blanks cut off, in place. */
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n'))
+        s[--n] = 0;
+    return s;
+}
+
+void pp_bench_cpu_name(char *out, size_t n)
+{
+    snprintf(out, n, "unknown");
+#ifdef HAVE_X86
+    unsigned r[12], a, b, c, d;
+    if (__get_cpuid(0x80000000, &a, &b, &c, &d) && a >= 0x80000004 &&
+        __get_cpuid(0x80000002, &r[0], &r[1], &r[2], &r[3]) &&
+        __get_cpuid(0x80000003, &r[4], &r[5], &r[6], &r[7]) &&
+        __get_cpuid(0x80000004, &r[8], &r[9], &r[10], &r[11]) &&
+        __get_cpuid(1, &a, &b, &c, &d)) {
+        char brand[sizeof(r) + 1];
+        memcpy(brand, r, sizeof(r));
+        brand[sizeof(r)] = 0;
+        /* family and model as Linux's /proc/cpuinfo gives them (the extended fields added where
+         * the base family says so) */
+        unsigned fam = a >> 8 & 0xf, model = a >> 4 & 0xf;
+        if (fam == 0xf)
+            fam += a >> 20 & 0xff;
+        if (fam >= 6)
+            model |= (a >> 16 & 0xf) << 4;
+        snprintf(out, n, "%s (family %u, model %u)", trim(brand), fam, model);
+        return;
+    }
+#endif
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof(line), f)) {
+        char *colon = strchr(line, ':');
+        if (colon && strncmp(line, "model name", 10) == 0) {
+            snprintf(out, n, "%s", trim(colon + 1));
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+}
 
 double pp_bench_now(void)
 {
