@@ -4,8 +4,8 @@
  *
  *   pp_bench_machine [--threads N] [--no-fma]
  *
- * Prints {"threads": N, "read_bytes_per_s": …, "fma_flops_per_s": …} (the FMA figure is 0 with
- * --no-fma or on a CPU without FMA); exit status 2 on a bad flag, 1 when the 1 GiB buffer of the
+ * Prints {"threads": N, "read_bytes_per_s": …, "fma_flops_per_s": …, "fma_isa": …, "cpu": …}
+ * (the FMA figure is 0 with --no-fma or on a CPU without FMA); exit status 2 on a bad flag, 1 when the 1 GiB buffer of the
  * bandwidth test cannot be had. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,8 +41,13 @@ int main(int argc, char **argv)
         return 1;
     }
     double peak = fma ? pp_bench_fma_peak(threads) : 0.0;
+    char cpu[160];
+    pp_bench_cpu_name(cpu, sizeof(cpu));
+    for (char *c = cpu; *c; c++)
+        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+            *c = '?'; /* stays a JSON string */
     printf("{\"threads\": %d, \"read_bytes_per_s\": %.6e, \"fma_flops_per_s\": %.6e, "
-           "\"fma_isa\": \"%s\"}\n",
-           threads, bw, peak, pp_bench_fma_isa());
+           "\"fma_isa\": \"%s\", \"cpu\": \"%s\"}\n",
+           threads, bw, peak, pp_bench_fma_isa(), cpu);
     return 0;
 }
