@@ -17,7 +17,14 @@
 
 #define Q8_BIAS 0
 #define Q8_DOT(aw, xs) _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), _mm256_set1_epi16(1))
-#define Q8_STREAMS_ONE 2 /* 6 accumulators of the 16 registers */
+/* One or two tokens take 4 rows (4 or 8 accumulators), three tokens 2 (6 of the 16 registers).
+ * 4 rows for one and two tokens instead of 2: pp_bench_loops (one thread, in cache), two rounds,
+ * GB/s, 1 token 33.6, 34.5 → 37.4, 37.1; 2 tokens 17.9, 18.3 → 19.6, 20.8; 3 tokens 12.8, 12.9
+ * → 12.5, 12.3 (so three keep 2). pp_bench --dtypes q8_0 --decode 32, the builds in turn, three
+ * rounds, decode beside the bandwidth 90.5, 90.7, 78.1% → 94.4, 96.3, 92.0% (Zen 3;
+ * docs/benchmarks.md). */
+#define Q8_STREAMS_ONE 4
+#define Q8_STREAMS_THREE 2
 #define Q8_TOKENS 2
 #define Q8_SPLIT_MIN_TOKENS PP_Q8_SPLIT_MIN_TOKENS_AVX2
 #include "kernels/cpu/matmul_q8_x86.h"

@@ -9,14 +9,16 @@
  *    copy's weights go in as stored (w + 128) with the activations x, and the token's block sum
  *    128 · Σ x, counted once per block, starts the sum negated; the file's weights go in as they
  *    are with x + 128, and the row block's 128 · Σ w starts it;
- *  - Q8_STREAMS_ONE: rows per tile for one or two tokens; Q8_TOKENS: tokens per tile beyond two;
+ *  - Q8_STREAMS_ONE: rows per tile for one or two tokens; Q8_STREAMS_THREE: for three (as many
+ *    if not defined); Q8_TOKENS: tokens per tile beyond three;
  *  - Q8_SPLIT_MIN_TOKENS: from how many tokens row-major rows are rewritten per tile
  *    (kernels/cpu/matmul_q8.h).
  *
  * A ymm register holds one output element's eight lanes, as in the f32 kernels. Each row is one
  * stream: the file's 34-byte blocks, or in the backend's copy (kernels/cpu/row_groups.h) the
- * row's scales, then its int8 in 32-byte steps. One to three tokens take Q8_STREAMS_ONE rows
- * together (four streams), more tokens Q8_ROWS_MANY rows × Q8_TOKENS tokens, the rows' weights
+ * row's scales, then its int8 in 32-byte steps. One or two tokens take Q8_STREAMS_ONE rows
+ * together (four streams), three tokens Q8_STREAMS_THREE, more tokens Q8_ROWS_MANY rows ×
+ * Q8_TOKENS tokens, the rows' weights
  * read again from L1 for each token tile. */
 #ifndef PP_CPU_MATMUL_Q8_X86_H
 #define PP_CPU_MATMUL_Q8_X86_H
@@ -29,6 +31,10 @@
 #include "kernels/cpu/simd_x86.h"
 
 #define Q8_AI static inline __attribute__((always_inline))
+
+#ifndef Q8_STREAMS_THREE
+#define Q8_STREAMS_THREE Q8_STREAMS_ONE
+#endif
 
 /* Tiles prefetch each row's int8 (and, in the copy, its scales) one tile ahead: the same block
  * of the row R rows on, during the rows' first token tile. One thread, one token, from memory
@@ -255,7 +261,7 @@ Q8_AI void q8_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int R,
     Q8_TILE(3, wb, 1) Q8_TILE(3, wb, 2) Q8_TILE(3, wb, 3) Q8_TILE(3, wb, 4)                        \
     Q8_TILE_FN(q8_tile_one_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 1, t0))                       \
     Q8_TILE_FN(q8_tile_two_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 2, t0))                       \
-    Q8_TILE_FN(q8_tile_three_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 3, t0))                     \
+    Q8_TILE_FN(q8_tile_three_##wb, q8_run_pf(a, m, Q8_STREAMS_THREE, wb, 3, t0))                     \
     Q8_TILE_FN(q8_tile_one_hw_##wb, q8_run(a, m, Q8_STREAMS_ONE, wb, 1, t0, 0, 0))
 Q8_TILES(0)
 Q8_TILES(1)
@@ -545,10 +551,11 @@ static void q8_split(struct q8_tile *m, int R, int64_t cols, char *buf)
     m->ahead = 0;
 }
 
-/* m's R rows over every token in ymm tiles: Q8_STREAMS_ONE rows take one to three tokens in one
- * tile (one token without software prefetch where the rows are spaced, m->row_step > 1), other
- * rows (1 or Q8_ROWS_MANY) Q8_TOKENS tokens at a time. */
-_Static_assert(Q8_STREAMS_ONE != 1 && Q8_STREAMS_ONE != Q8_ROWS_MANY,
+/* m's R rows over every token in ymm tiles: Q8_STREAMS_ONE rows take one or two tokens and
+ * Q8_STREAMS_THREE rows three in one tile (one token without software prefetch where the rows are
+ * spaced, m->row_step > 1), other rows (1 or Q8_ROWS_MANY) Q8_TOKENS tokens at a time. */
+_Static_assert(Q8_STREAMS_ONE != 1 && Q8_STREAMS_ONE != Q8_ROWS_MANY && Q8_STREAMS_THREE != 1 &&
+                   Q8_STREAMS_THREE != Q8_ROWS_MANY,
                "q8_ymm_tiles tells the tiles apart by their rows");
 static void q8_ymm_tiles(const struct pp_mm_args *a, const struct q8_tile *m, int wb, int R)
 {
@@ -558,7 +565,7 @@ static void q8_ymm_tiles(const struct pp_mm_args *a, const struct q8_tile *m, in
         (wb ? q8_tile_one_1 : q8_tile_one_0)(a, m, 0);
     else if (R == Q8_STREAMS_ONE && a->n == 2)
         (wb ? q8_tile_two_1 : q8_tile_two_0)(a, m, 0);
-    else if (R == Q8_STREAMS_ONE && a->n == 3)
+    else if (R == Q8_STREAMS_THREE && a->n == 3)
         (wb ? q8_tile_three_1 : q8_tile_three_0)(a, m, 0);
     else
         for (int64_t t0 = 0; t0 < a->n; t0 += Q8_TOKENS) {
@@ -600,7 +607,7 @@ static void q8_rows(const struct pp_mm_args *a, int64_t r0, int64_t r1,
      * spaced) 142.1, 143.4 → 176.1, 183.0; with PP_SIMD=avx2 107.2, 111.2 → 138.7, 139.9; the VNNI
      * tiles without pairs, 4 tokens 170.3, 171.9 → 198.4, 202.4, 8: 206.0, 206.4 → 223.4, 228.5,
      * 32: 222.4, 226.3 → 234.5, 241.8, 128: 228.0, 235.0 → 233.6, 233.8 (docs/benchmarks.md). */
-    int rs = a->n <= 3 && Q8_SPACED ? Q8_STREAMS_ONE : 0;
+    int rs = !Q8_SPACED ? 0 : a->n <= 2 ? Q8_STREAMS_ONE : a->n == 3 ? Q8_STREAMS_THREE : 0;
 #if Q8_ZMM
     if (a->xpair && a->n <= Q8Z_SPACED_MAX_TOKENS)
         rs = Q8Z_ROWS;
