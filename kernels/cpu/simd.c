@@ -167,6 +167,16 @@ int pp_simd_prefetch_l2(void)
 #endif
 }
 
+int pp_simd_spaced_quads(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd");
+#else
+    return 0;
+#endif
+}
+
 int pp_simd_q8_pairs_here(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)

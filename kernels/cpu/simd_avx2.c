@@ -90,10 +90,25 @@ DTILE_TWO(bf16, PP_DTYPE_BF16)
 static const dtile_fn dtiles[4][7][DTILE_NT_MAX + 1] = {
     DTILE_TABLE(f32, TWO_ROW), DTILE_TABLE(f16, TWO_ROW), DTILE_TABLE(bf16, TWO_ROW)};
 
+#define DQUAD(name, dt)                                                                            \
+    __attribute__((noinline)) static void dquad_##name##_1(const struct dtile *m)                 \
+    {                                                                                              \
+        dquad_run(m, dt);                                                                          \
+    }
+DQUAD(f32, PP_DTYPE_F32)
+DQUAD(f16, PP_DTYPE_F16)
+DQUAD(bf16, PP_DTYPE_BF16)
+/* [dtype][NT]: four row groups for one token */
+static const dtile_fn dquads[4][5] = {{NULL, dquad_f32_1, NULL, NULL, NULL},
+                                      {NULL, dquad_f16_1, NULL, NULL, NULL},
+                                      {NULL, dquad_bf16_1, NULL, NULL, NULL},
+                                      {NULL, NULL, NULL, NULL, NULL}};
+
 void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s)
 {
-    pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS, NULL, 0);
+    pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS, a->spaced_quads ? dquads : NULL,
+                  1, 1);
 }
 
 /* --- many tokens: packed panels and the register-blocked micro-kernel ------------------------- */

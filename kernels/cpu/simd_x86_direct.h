@@ -327,6 +327,56 @@ AI void dtile_run(const struct dtile *m, enum pp_dtype dt, int MR, int NT)
     dtile_finish(acc, m, MR, NT);
 }
 
+/* One 8-element step of dquad_run at wk (group A's units of the step). */
+AI void dquad_step(__m256 acc[12], const char *wk, int64_t go, int64_t ub, const float *xk,
+                   enum pp_dtype dt)
+{
+    __m256 xv = _mm256_loadu_ps(xk);
+    _Pragma("GCC unroll 12")
+    for (int i = 0; i < 12; i++)
+        acc[i] = _mm256_fmadd_ps(ld_unit(wk + i / 3 * go + i % 3 * ub, dt), xv, acc[i]);
+}
+
+/* The four-group tile on ymm for one token: 12 rows in four row groups (A to D, each grp_off after
+ * the one before: four streams of weights) × one token, 12 accumulators beside the activation and
+ * one weight register. Rows sit in y and the lane sums where dtile_row puts them, so the groups
+ * may be spaced (dtile_spaced_quads). Every lane runs dtile_run's chain, so the bits are its. */
+AI void dquad_run(const struct dtile *m, enum pp_dtype dt)
+{
+    __m256 acc[12];
+    int64_t us = m->g.unit_stride, ub = m->g.row_off, go = m->grp_off;
+    _Pragma("GCC unroll 12")
+    for (int i = 0; i < 12; i++)
+        acc[i] = m->first ? _mm256_setzero_ps() : _mm256_loadu_ps(m->acc + dtile_row(m, i) * m->lda);
+    int64_t k = m->k0, kend = m->k0 + m->full;
+    const char *wk = m->w + k / 8 * us;
+    for (; k + 32 <= kend; k += 32, wk += 4 * us) {
+        if (m->pf)
+            dtile_prefetch(m, wk, dt, 12);
+        _Pragma("GCC unroll 4")
+        for (int st = 0; st < 4; st++)
+            dquad_step(acc, wk + st * us, go, ub, m->x + k + 8 * st, dt);
+    }
+    for (; k < kend; k += 8, wk += us)
+        dquad_step(acc, wk, go, ub, m->x + k, dt);
+    if (m->rem) {
+        __m256 xv = _mm256_maskload_ps(m->x + kend, pp__tail_mask_avx(m->rem));
+        _Pragma("GCC unroll 12")
+        for (int i = 0; i < 12; i++)
+            acc[i] = _mm256_fmadd_ps(ld_w_tail(m->w + kend / 8 * us + i / 3 * go +
+                                                   i % 3 * m->g.tail_off,
+                                               dt, m->rem),
+                                     xv, acc[i]);
+    }
+    _Pragma("GCC unroll 12")
+    for (int i = 0; i < 12; i++) {
+        if (m->last)
+            m->y[dtile_row(m, i)] = pp__merge8_avx(acc[i]);
+        else
+            _mm256_storeu_ps(m->acc + dtile_row(m, i) * m->lda, acc[i]);
+    }
+}
+
 /* Bytes of each row a sub-block of dtile_run_alt reads (256: 64 f32 or 128 f16/bf16 elements, 768
  * bytes of a row group per visit). PP_SIMD=avx2 pp_bench_matmul --threads 1 on the Xeon host,
  * f16 at 3 / 4 tokens as a fraction of one thread's read bandwidth, two rounds: 64 elements per
@@ -481,10 +531,11 @@ AI int64_t dtile_spaced_quads(struct dtile *m, const struct pp_mm_args *a,
  * (counted for n <= 12). Weights in row groups go in their groups of 3, or two groups at a time (6
  * rows × tiles of up to 4 tokens, or of up to DTILE_NT_MAX where the table has them; two streams
  * of weights) when n <= two_groups and the table has 6-row tiles for the dtype, or four at a time
- * (12 rows, four streams; quads[dtype][NT]) when also n <= four_groups and quads has them. */
+ * (12 rows, four streams; quads[dtype][NT]) when also n <= four_groups and quads has them, spaced
+ * (dtile_spaced_quads) where spaced is set. */
 AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                       const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][DTILE_NT_MAX + 1],
-                      int two_groups, const dtile_fn (*quads)[5], int four_groups)
+                      int two_groups, const dtile_fn (*quads)[5], int four_groups, int spaced)
 {
     const dtile_fn *tab = &tiles[dtype_index(a->dtype)][0][0];
     const dtile_fn *quad = quads ? quads[dtype_index(a->dtype)] : NULL;
@@ -528,7 +579,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             m.rem = kl - m.full;
             m.first = k0 == 0;
             m.last = k0 + kl == cols;
-            int64_t r = mr == 4 * PP_ROW_GROUP && PP_MM_SPACED_QUADS && a->prefetch_l2
+            int64_t r = mr == 4 * PP_ROW_GROUP && PP_MM_SPACED_QUADS && spaced
                             ? dtile_spaced_quads(&m, a, s, quad, rs, rs1, k0, kl, n_tiles)
                             : rs;
             m.grp_rows = PP_ROW_GROUP;

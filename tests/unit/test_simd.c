@@ -356,14 +356,20 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
             fail_msg("matmul_rows %s [%lld,%lld] n=%lld, prefetch L%d%s: %s and portable differ",
                      pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, l2 + 1,
                      a.xpair ? ", pairs" : "", fast->name);
-        memset(y1, 0, sizeof(float) * (size_t)(n * rows));
-        for (int64_t r = 0; r < rows; r += gchunk)
-            fast_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
-        if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
-            fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups, prefetch L%d%s: %s and "
-                     "portable differ",
-                     pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, l2 + 1,
-                     a.xpair ? ", pairs" : "", fast->name);
+        /* row groups, with the AVX2 table's spaced quads and without (whatever this CPU's
+         * pp_simd_spaced_quads says) */
+        for (int sq = 0; sq < 2; sq++) {
+            g.spaced_quads = sq;
+            memset(y1, 0, sizeof(float) * (size_t)(n * rows));
+            for (int64_t r = 0; r < rows; r += gchunk)
+                fast_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
+            if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
+                fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups, prefetch L%d%s%s: %s "
+                         "and portable differ",
+                         pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n,
+                         l2 + 1, a.xpair ? ", pairs" : "", sq ? ", spaced quads" : "",
+                         fast->name);
+        }
     }
     /* the portable loop reads row groups back row by row (pp__row_groups_row_to_f32) */
     float *y3 = malloc(sizeof(float) * (size_t)(n * rows));
