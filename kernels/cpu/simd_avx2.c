@@ -98,7 +98,14 @@ static const dtile_fn dtiles[4][7][DTILE_NT_MAX + 1] = {
 DQUAD(f32, PP_DTYPE_F32)
 DQUAD(f16, PP_DTYPE_F16)
 DQUAD(bf16, PP_DTYPE_BF16)
-/* [dtype][NT]: four row groups for one token */
+/* [dtype][NT]: four row groups for one token, spaced (dtile_spaced_quads), where
+ * pp_simd_spaced_quads says (AMD CPUs): the Zen 4 tuning of the AVX-512 table's zquads, which the
+ * AVX2 table lacked. pp_bench --threads 2 --dtypes f16,bf16 --prompt 8 --decode 24 on Zen 3, the
+ * builds before and after in turn, five rounds, decode beside the bandwidth, f16 87.1, 76.3, 86.4,
+ * 87.7, 76.6% → 96.1, 96.5, 96.9, 97.5, 97.6%; bf16 89.3, 81.5, 89.8, 81.7, 81.8% → 97.1, 95.3,
+ * 97.9, 96.4, 96.9%; the old tiles' worst rounds were those where the bound was fast (51-53 GB/s).
+ * With its weights in cache (pp_bench_loops, one thread) f16 ran 47.5-47.8 GB/s against 49.3-50.9
+ * and f32 75.0 against 68.0-70.9, far above what a core needs from memory (docs/benchmarks.md). */
 static const dtile_fn dquads[4][5] = {{NULL, dquad_f32_1, NULL, NULL, NULL},
                                       {NULL, dquad_f16_1, NULL, NULL, NULL},
                                       {NULL, dquad_bf16_1, NULL, NULL, NULL},
