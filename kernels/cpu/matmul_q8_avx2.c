@@ -20,9 +20,9 @@
 /* One or two tokens take 4 rows (4 or 8 accumulators), three tokens 2 (6 of the 16 registers).
  * 4 rows for one and two tokens instead of 2: pp_bench_loops (one thread, in cache), two rounds,
  * GB/s, 1 token 33.6, 34.5 → 37.4, 37.1; 2 tokens 17.9, 18.3 → 19.6, 20.8; 3 tokens 12.8, 12.9
- * → 12.5, 12.3 (so three keep 2). pp_bench --dtypes q8_0 --decode 32, the builds in turn, three
- * rounds, decode beside the bandwidth 90.5, 90.7, 78.1% → 94.4, 96.3, 92.0% (Zen 3;
- * docs/benchmarks.md). */
+ * → 12.5, 12.3 (so three keep 2). pp_bench --dtypes q8_0 --decode 32, the builds in turn, six
+ * rounds (the last three as committed), decode beside the bandwidth 90.5, 90.7, 78.1, 77.1, 89.9,
+ * 79.3% → 94.4, 96.3, 92.0, 95.8, 95.8, 92.5% (Zen 3; docs/benchmarks.md). */
 #define Q8_STREAMS_ONE 4
 #define Q8_STREAMS_THREE 2
 #define Q8_TOKENS 2

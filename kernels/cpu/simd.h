@@ -215,6 +215,7 @@ int pp_simd_prefetch_l2(void);
  * groups four spaced groups at a time (kernels/cpu/simd_avx2.c): on AMD CPUs, as measured on Zen
  * 3; elsewhere two adjacent groups, as before it was measured. Never changes a bit. */
 int pp_simd_spaced_quads(void);
+
 /* Whether Q8_0 matmuls of PP_Q8_PAIRS_MIN_TOKENS or more tokens may take the zmm pair tiles, where
  * the table has them (pp_simd.q8_pairs): 1 except on AMD CPUs, whose Zen 4 tuning keeps the ymm
  * tiles (the pair tiles were measured on the Xeon host only). PP_PREFETCH does not change it. */
