@@ -261,7 +261,7 @@ Q8_AI void q8_run_pf(const struct pp_mm_args *a, const struct q8_tile *m, int R,
     Q8_TILE(3, wb, 1) Q8_TILE(3, wb, 2) Q8_TILE(3, wb, 3) Q8_TILE(3, wb, 4)                        \
     Q8_TILE_FN(q8_tile_one_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 1, t0))                       \
     Q8_TILE_FN(q8_tile_two_##wb, q8_run_pf(a, m, Q8_STREAMS_ONE, wb, 2, t0))                       \
-    Q8_TILE_FN(q8_tile_three_##wb, q8_run_pf(a, m, Q8_STREAMS_THREE, wb, 3, t0))                     \
+    Q8_TILE_FN(q8_tile_three_##wb, q8_run_pf(a, m, Q8_STREAMS_THREE, wb, 3, t0))                   \
     Q8_TILE_FN(q8_tile_one_hw_##wb, q8_run(a, m, Q8_STREAMS_ONE, wb, 1, t0, 0, 0))
 Q8_TILES(0)
 Q8_TILES(1)
