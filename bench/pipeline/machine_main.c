@@ -5,7 +5,8 @@
  *   pp_bench_machine [--threads N] [--no-fma]
  *
  * Prints {"threads": N, "read_bytes_per_s": …, "fma_flops_per_s": …, "fma_isa": …, "cpu": …}
- * (the FMA figure is 0 with --no-fma or on a CPU without FMA); exit status 2 on a bad flag, 1 when the 1 GiB buffer of the
+ * (the FMA figure is 0 with --no-fma or on a CPU without FMA); exit status 2 on a bad flag, 1
+ * when the 1 GiB buffer of the
  * bandwidth test cannot be had. */
 #include <stdio.h>
 #include <stdlib.h>

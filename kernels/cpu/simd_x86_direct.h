@@ -347,7 +347,8 @@ AI void dquad_run(const struct dtile *m, enum pp_dtype dt)
     int64_t us = m->g.unit_stride, ub = m->g.row_off, go = m->grp_off;
     _Pragma("GCC unroll 12")
     for (int i = 0; i < 12; i++)
-        acc[i] = m->first ? _mm256_setzero_ps() : _mm256_loadu_ps(m->acc + dtile_row(m, i) * m->lda);
+        acc[i] = m->first ? _mm256_setzero_ps()
+                          : _mm256_loadu_ps(m->acc + dtile_row(m, i) * m->lda);
     int64_t k = m->k0, kend = m->k0 + m->full;
     const char *wk = m->w + k / 8 * us;
     for (; k + 32 <= kend; k += 32, wk += 4 * us) {
