@@ -6,8 +6,7 @@
  *
  * Prints {"threads": N, "read_bytes_per_s": …, "fma_flops_per_s": …, "fma_isa": …, "cpu": …}
  * (the FMA figure is 0 with --no-fma or on a CPU without FMA); exit status 2 on a bad flag, 1
- * when the 1 GiB buffer of the
- * bandwidth test cannot be had. */
+ * when the 1 GiB buffer of the bandwidth test cannot be had. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
