@@ -94,7 +94,7 @@ static int case_new(struct loops_case *c, enum pp_dtype dt, int64_t rows, int64_
         x[i] = (float)(rng(seed) & 0xffff) / 16384.0f - 2.0f;
     c->a = (struct pp_mm_args){y, x, ldx, c->w, dt, rows, cols, n, rb, 1,
                                pp_simd_prefetch_l2()};
-    c->a.spaced_quads = pp_simd_spaced_quads();
+    c->a.amd_tiles = pp_simd_amd_tiles();
     if (dt == PP_DTYPE_Q8_0) {
         const struct pp_simd *simd = pp_simd_get();
         pp__q8_act_bind(&c->a, c->act);

@@ -126,7 +126,7 @@ pp_status pp_backend_cpu_new(int n_threads, struct pp_backend **out)
     c->n_threads = n_threads;
     c->simd = pp_simd_get();
     c->prefetch_l2 = pp_simd_prefetch_l2();
-    c->spaced_quads = pp_simd_spaced_quads();
+    c->amd_tiles = pp_simd_amd_tiles();
     c->q8_pairs = pp_simd_q8_pairs(c->simd);
     be->n_threads = n_threads;
     *out = be;

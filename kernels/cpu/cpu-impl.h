@@ -23,7 +23,7 @@ struct pp_cpu {
     struct pp_threadpool *pool;
     const struct pp_simd *simd; /* inner loops for this CPU */
     int prefetch_l2;            /* pp_simd_prefetch_l2, chosen with simd */
-    int spaced_quads;           /* pp_simd_spaced_quads */
+    int amd_tiles;              /* pp_simd_amd_tiles */
     pp_q8_pairs_fn q8_pairs;    /* pp_simd_q8_pairs(simd), chosen with it */
     int n_threads;
     int map_weights;     /* weight_load uses weights in place instead of copying them */

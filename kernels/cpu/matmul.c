@@ -127,7 +127,7 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
         j.args[i] = (struct pp_mm_args){y[i], x, cols, w[i]->data, w[i]->dtype, w[i]->rows, cols, n,
                                         pp_dtype_row_bytes(w[i]->dtype, cols),
                                         w[i]->layout == PP_WEIGHT_ROW_GROUPS, c->prefetch_l2};
-        j.args[i].spaced_quads = c->spaced_quads;
+        j.args[i].amd_tiles = c->amd_tiles;
         j.start[i + 1] = (j.start[i] + w[i]->rows + ROW_SPACE_ALIGN - 1) / ROW_SPACE_ALIGN *
                          ROW_SPACE_ALIGN;
     }

@@ -167,7 +167,7 @@ int pp_simd_prefetch_l2(void)
 #endif
 }
 
-int pp_simd_spaced_quads(void)
+int pp_simd_amd_tiles(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();

@@ -116,8 +116,8 @@ struct pp_mm_args {
     const int32_t *xpair; /* and, where the table has q8_pairs, the tokens in pairs (NULL when not
                            * built), with */
     const int32_t *xneg;  /* their -128-sums (kernels/cpu/matmul_q8.h, pp__q8_pairs_fill) */
-    int spaced_quads;     /* the AVX2 table reads one token of f32/f16/bf16 in row groups four
-                           * spaced groups at a time (pp_simd_spaced_quads); never changes a bit */
+    int amd_tiles;        /* the AVX2 table's few-token tiles over f32/f16/bf16 row groups as
+                           * tuned on AMD CPUs (pp_simd_amd_tiles); never changes a bit */
 };
 
 /* Per-thread scratch of one matmul call. */
@@ -211,10 +211,12 @@ pp_status pp_simd_check_env(void);
  * created, as PP_SIMD is. */
 int pp_simd_prefetch_l2(void);
 
-/* Whether the AVX2 table's few-token nest reads one token of f32, f16 and bf16 weights in row
- * groups four spaced groups at a time (kernels/cpu/simd_avx2.c): on AMD CPUs, as measured on Zen
- * 3; elsewhere two adjacent groups, as before it was measured. Never changes a bit. */
-int pp_simd_spaced_quads(void);
+/* Whether the AVX2 table's few-token nest over f32, f16 and bf16 weights in row groups takes the
+ * tiles measured on Zen 3 (kernels/cpu/simd_avx2.c): one token four spaced groups at a time,
+ * three and four tokens one group at a time. 1 on AMD CPUs; elsewhere the tiles measured on the
+ * Xeon host under PP_SIMD=avx2 (two adjacent groups for one to four tokens). Never changes a
+ * bit. */
+int pp_simd_amd_tiles(void);
 
 /* Whether Q8_0 matmuls of PP_Q8_PAIRS_MIN_TOKENS or more tokens may take the zmm pair tiles, where
  * the table has them (pp_simd.q8_pairs): 1 except on AMD CPUs, whose Zen 4 tuning keeps the ymm

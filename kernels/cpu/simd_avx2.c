@@ -62,6 +62,14 @@
  * 81.9-86.7%, 4 tokens 87.9-89.9% / 85.8-86.3% / 100.4-102.2% against 79.0-80.7% / 78.5-81.1% /
  * 79.2-82.0% (docs/benchmarks.md). */
 #define TWO_GROUPS_MAX_TOKENS 4
+/* On AMD CPUs (pp_simd_amd_tiles) three and four tokens go one group at a time instead (3-row
+ * tiles of 12 accumulators, no sub-blocks). Zen 3, the builds before and after in turn, two
+ * rounds: pp_bench_loops (one thread, in cache) f16 GB/s at 3 tokens 24.7, 24.7 → 28.9, 28.1, at
+ * 4 tokens 19.0, 19.6 → 23.1, 23.2, bf16 at 4 tokens 17.8, 17.4 → 20.7, 20.7; pp_bench_matmul
+ * --beside 24, two threads, of the bound beside each pass (about 37 GB/s both times), f16 at 3
+ * tokens 82.7, 82.1 → 84.8, 87.1%, at 4 tokens 78.9, 75.8 → 83.6, 85.0%, bf16 at 4 tokens 76.4,
+ * 76.1 → 82.8, 84.2% (docs/benchmarks.md). */
+#define TWO_GROUPS_MAX_TOKENS_AMD 2
 #define DTILE_ALT(name, dt, nt)                                                                    \
     __attribute__((noinline)) static void dtile_##name##_6x##nt(const struct dtile *m)          \
     {                                                                                              \
@@ -99,7 +107,7 @@ DQUAD(f32, PP_DTYPE_F32)
 DQUAD(f16, PP_DTYPE_F16)
 DQUAD(bf16, PP_DTYPE_BF16)
 /* [dtype][NT]: four row groups for one token, spaced (dtile_spaced_quads), where
- * pp_simd_spaced_quads says (AMD CPUs): the Zen 4 tuning of the AVX-512 table's zquads, which the
+ * pp_simd_amd_tiles says (AMD CPUs): the Zen 4 tuning of the AVX-512 table's zquads, which the
  * AVX2 table lacked. pp_bench --threads 2 --dtypes f16,bf16 --prompt 8 --decode 24 on Zen 3, the
  * builds before and after in turn, five rounds, decode beside the bandwidth, f16 87.1, 76.3, 86.4,
  * 87.7, 76.6% → 96.1, 96.5, 96.9, 97.5, 97.6%; bf16 89.3, 81.5, 89.8, 81.7, 81.8% → 97.1, 95.3,
@@ -114,8 +122,10 @@ static const dtile_fn dquads[4][5] = {{NULL, dquad_f32_1, NULL, NULL, NULL},
 void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s)
 {
-    pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS, a->spaced_quads ? dquads : NULL,
-                  1, 1);
+    if (a->amd_tiles)
+        pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS_AMD, dquads, 1, 1);
+    else
+        pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS, NULL, 0, 0);
 }
 
 /* --- many tokens: packed panels and the register-blocked micro-kernel ------------------------- */

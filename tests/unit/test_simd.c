@@ -356,10 +356,10 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
             fail_msg("matmul_rows %s [%lld,%lld] n=%lld, prefetch L%d%s: %s and portable differ",
                      pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, l2 + 1,
                      a.xpair ? ", pairs" : "", fast->name);
-        /* row groups, with the AVX2 table's spaced quads and without (whatever this CPU's
-         * pp_simd_spaced_quads says) */
+        /* row groups, with the AVX2 table's AMD tiles and without (whatever this CPU's
+         * pp_simd_amd_tiles says) */
         for (int sq = 0; sq < 2; sq++) {
-            g.spaced_quads = sq;
+            g.amd_tiles = sq;
             memset(y1, 0, sizeof(float) * (size_t)(n * rows));
             for (int64_t r = 0; r < rows; r += gchunk)
                 fast_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
@@ -367,7 +367,7 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
                 fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups, prefetch L%d%s%s: %s "
                          "and portable differ",
                          pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n,
-                         l2 + 1, a.xpair ? ", pairs" : "", sq ? ", spaced quads" : "",
+                         l2 + 1, a.xpair ? ", pairs" : "", sq ? ", AMD tiles" : "",
                          fast->name);
         }
     }
