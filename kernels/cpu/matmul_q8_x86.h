@@ -97,7 +97,7 @@ Q8_AI __m256 q8_load8(const float *p, int n)
  * that stall, once per row and 8 blocks, had made row-major rows the slower layout by far.
  * pp_bench_matmul --layout both --row-div 64, one thread, weights in cache, groups / rows: 1
  * token 1.83 → 1.14, 2 tokens 1.54 → 1.05, 4 tokens 1.64 → 1.09 (Zen 3, AVX2;
- * docs/benchmarks.md, "Zen 3: decode beside the bandwidth at 90-98%"). */
+ * docs/benchmarks.md, "Zen 3: decode beside the bandwidth at 89-98%"). */
 Q8_AI __m256 q8_row_scales8(const struct q8_tile *m, int r, int WB, int64_t b8, int n)
 {
     __m128i h;
