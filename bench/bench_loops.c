@@ -168,13 +168,11 @@ static int parse_ints(const char *s, int *out, int cap)
 }
 
 static int write_json(const char *path, const struct loops_result *res, int n_res,
-                      int64_t cols, const char *isa)
+                      int64_t cols, const char *isa, const char *cpu_name)
 {
     struct pp_json j;
     pp_json_init(&j);
     pp_json_begin_object(&j);
-    char cpu_name[160];
-    pp_bench_cpu_name(cpu_name, sizeof(cpu_name));
     pp_json_key(&j, "cpu");
     pp_json_cstring(&j, cpu_name);
     pp_json_key(&j, "kernels");
@@ -285,7 +283,7 @@ int main(int argc, char **argv)
             case_free(&c);
         }
     }
-    return json ? write_json(json, res, n_res, cols, fast->name) : 0;
+    return json ? write_json(json, res, n_res, cols, fast->name, cpu_name) : 0;
 
 usage:
     fprintf(stderr, "usage: pp_bench_loops [--dtypes f16,bf16,q8_0,f32] [--tokens 1,2,4,20] "

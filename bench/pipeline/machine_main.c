@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "bench/bench.h"
+#include "common/json_write.h"
 
 static int usage(void)
 {
@@ -43,11 +44,11 @@ int main(int argc, char **argv)
     double peak = fma ? pp_bench_fma_peak(threads) : 0.0;
     char cpu[160];
     pp_bench_cpu_name(cpu, sizeof(cpu));
-    for (char *c = cpu; *c; c++)
-        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
-            *c = '?'; /* stays a JSON string */
+    struct pp_buf quoted = {0};
+    pp_buf_json_string(&quoted, cpu, strlen(cpu));
     printf("{\"threads\": %d, \"read_bytes_per_s\": %.6e, \"fma_flops_per_s\": %.6e, "
-           "\"fma_isa\": \"%s\", \"cpu\": \"%s\"}\n",
-           threads, bw, peak, pp_bench_fma_isa(), cpu);
+           "\"fma_isa\": \"%s\", \"cpu\": %s}\n",
+           threads, bw, peak, pp_bench_fma_isa(), quoted.failed ? "null" : quoted.data);
+    pp_buf_free(&quoted);
     return 0;
 }

@@ -88,21 +88,21 @@ static void populate(const void *p, size_t bytes)
 struct pack_job {
     void *dst;
     const struct pp_weight *w;
-    int64_t group_rows; /* rows per item */
 };
 
+/* Row groups [g0, g1) of the job's weight. */
 static void pack_groups(void *ctx, int64_t g0, int64_t g1, int thread)
 {
     const struct pack_job *j = ctx;
     (void)thread;
-    int64_t r0 = g0 * j->group_rows, r1 = g1 * j->group_rows;
+    int64_t r0 = g0 * PP_ROW_GROUP, r1 = g1 * PP_ROW_GROUP;
     pp__row_groups_pack_range(j->dst, j->w->data, j->w->dtype, j->w->rows, j->w->cols, r0,
                               r1 < j->w->rows ? r1 : j->w->rows);
 }
 
 static void pack(struct pp_cpu *c, void *dst, const struct pp_weight *w)
 {
-    struct pack_job j = {dst, w, PP_ROW_GROUP};
+    struct pack_job j = {dst, w};
     int64_t groups = (w->rows + PP_ROW_GROUP - 1) / PP_ROW_GROUP;
     int64_t group_bytes = PP_ROW_GROUP * pp_dtype_row_bytes(w->dtype, w->cols);
     int64_t grain = ((int64_t)2 << 20) / group_bytes;
