@@ -123,9 +123,9 @@ void pp__mm_direct_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                         const struct pp_mm_scratch *s)
 {
     if (a->amd_tiles)
-        pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS_AMD, dquads, 1, 1);
+        pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS_AMD, dquads, 1, 1, 1);
     else
-        pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS, NULL, 0, 0);
+        pp__mm_direct(a, r0, r1, s, dtiles, TWO_GROUPS_MAX_TOKENS, NULL, 0, 0, 0);
 }
 
 /* --- many tokens: packed panels and the register-blocked micro-kernel ------------------------- */

@@ -359,7 +359,7 @@ static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r
 {
     if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS)
         pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS, zquads,
-                      PP_MM_FOUR_GROUPS_MAX_TOKENS, a->prefetch_l2);
+                      PP_MM_FOUR_GROUPS_MAX_TOKENS, a->prefetch_l2, 0);
     else if (a->n <= PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512)
         pp__mm_direct_avx2(a, r0, r1, s);
     else

@@ -108,6 +108,8 @@ struct dtile {
     int64_t grp_off;    /* bytes from one group of 3 of the tile's rows to the next */
     int64_t grp_rows;   /* rows from one group to the next in y and the lane sums (3, or more
                          * in spaced tiles) */
+    int64_t row_step;   /* rows from one of a group's rows to the next there (1, or more in
+                         * spaced row-major tiles) */
     struct pp_row_group g; /* where a group's rows keep their units */
     int64_t pf_row;     /* bytes between the lines one pass prefetches for its rows */
     const float *x;     /* activations of token 0 of the tile; tokens ldx apart */
@@ -131,7 +133,7 @@ struct dtile {
 /* Where the tile's row i (its group i / 3) is among y's rows and the lane sums, from row 0's. */
 AI int64_t dtile_row(const struct dtile *m, int i)
 {
-    return i / 3 * m->grp_rows + i % 3;
+    return i / 3 * m->grp_rows + i % 3 * m->row_step;
 }
 
 /* One line into L2 (L2 = 1) or L1; L2 is a constant where this is inlined. */
@@ -289,13 +291,13 @@ AI void dtile_finish(__m256 acc[6][4], const struct dtile *m, int MR, int NT)
         for (int i = 0; i < MR; i++)
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++)
-                m->y[j * m->ldy + i] = pp__merge8_avx(acc[i][j]);
+                m->y[j * m->ldy + dtile_row(m, i)] = pp__merge8_avx(acc[i][j]);
     } else {
         _Pragma("GCC unroll 6")
         for (int i = 0; i < MR; i++)
             _Pragma("GCC unroll 4")
             for (int j = 0; j < NT; j++)
-                _mm256_storeu_ps(m->acc + i * m->lda + j * 8, acc[i][j]);
+                _mm256_storeu_ps(m->acc + dtile_row(m, i) * m->lda + j * 8, acc[i][j]);
     }
 }
 
@@ -311,7 +313,7 @@ AI void dtile_start(__m256 acc[6][4], const float **xp, const struct dtile *m, i
         _Pragma("GCC unroll 4")
         for (int j = 0; j < NT; j++)
             acc[i][j] = m->first ? _mm256_setzero_ps()
-                                 : _mm256_loadu_ps(m->acc + i * m->lda + j * 8);
+                                 : _mm256_loadu_ps(m->acc + dtile_row(m, i) * m->lda + j * 8);
 }
 
 /* MR rows × NT tokens of accumulators over one block, weights converted in registers. */
@@ -522,6 +524,37 @@ AI int64_t dtile_spaced_quads(struct dtile *m, const struct pp_mm_args *a,
     return end;
 }
 
+/* Row-major rows [rs, rs1) over the block in tiles of mr rows spaced evenly (spaced_rows in
+ * pp__mm_direct): of nq = (rs1 - rs) / mr tiles, tile q takes rows q, q + nq, ..., q + (mr - 1) nq
+ * of the super-block, so each of its mr streams of weights runs on into the next tile's row (the
+ * rows are one run of memory) and the hardware prefetch follows it; fns[NT] is the tile of NT
+ * tokens, over all n in n_tiles tiles. Adjacent rows are mr streams that each end with the row
+ * (4 KiB for an f16 row of 2048) while the backend's copy reads four long ones (four spaced row
+ * groups). Zen 3, `pp_bench_matmul --threads 2 --layout both`, the copy's rate over the rows',
+ * two rounds, 1-12 tokens: f16 1.02-1.23 → 0.79-1.00, bf16 1.01-1.16 → 0.93-1.02, f32 0.88-1.12
+ * → 0.80-1.00; 20 tokens level (docs/benchmarks.md). Returns the first row left for the adjacent
+ * tiles: rs when fewer than two tiles fit. */
+AI int64_t dtile_spaced_rows(const struct dtile *m0, const struct pp_mm_args *a,
+                             const struct pp_mm_scratch *s, const dtile_fn *fns, int mr,
+                             int64_t rs, int64_t rs1, int64_t n_tiles)
+{
+    int64_t nq = (rs1 - rs) / mr;
+    if (nq < 2)
+        return rs;
+    struct dtile m = *m0;
+    m.g = pp__row_group(a->dtype, a->cols, 0, PP_ROW_GROUP);
+    m.g.row_off = m.g.tail_off = nq * a->row_bytes;
+    m.grp_off = PP_ROW_GROUP * nq * a->row_bytes;
+    m.grp_rows = PP_ROW_GROUP * nq;
+    m.row_step = nq;
+    m.pf_end = NULL;
+    for (int64_t q = 0; q < nq; q++) {
+        m.w = (const char *)a->w + (rs + q) * a->row_bytes;
+        dtile_tokens(&m, a, s, fns, rs + q, rs, n_tiles, 0);
+    }
+    return rs + nq * mr;
+}
+
 /* The few-token nest over a file's tiles tiles[dtype][MR][NT]. The reduction is cut into blocks of
  * kb elements whose activations (n × kb floats, at most PP_MM_DIRECT_KB_FLOATS) stay in cache while
  * every row of a super-block of rows (the thread's chunk) passes over them, each row group covering
@@ -533,10 +566,12 @@ AI int64_t dtile_spaced_quads(struct dtile *m, const struct pp_mm_args *a,
  * rows × tiles of up to 4 tokens, or of up to DTILE_NT_MAX where the table has them; two streams
  * of weights) when n <= two_groups and the table has 6-row tiles for the dtype, or four at a time
  * (12 rows, four streams; quads[dtype][NT]) when also n <= four_groups and quads has them, spaced
- * (dtile_spaced_quads) where spaced is set. */
+ * (dtile_spaced_quads) where spaced is set. Where spaced_rows is set, row-major rows go in spaced
+ * tiles (dtile_spaced_rows) of 4 rows up to 3 tokens and of 3 beyond. */
 AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                       const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][DTILE_NT_MAX + 1],
-                      int two_groups, const dtile_fn (*quads)[5], int four_groups, int spaced)
+                      int two_groups, const dtile_fn (*quads)[5], int four_groups, int spaced,
+                      int spaced_rows)
 {
     const dtile_fn *tab = &tiles[dtype_index(a->dtype)][0][0];
     const dtile_fn *quad = quads ? quads[dtype_index(a->dtype)] : NULL;
@@ -544,6 +579,8 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     if (n <= 0)
         return;
     int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
+    if (!a->grouped && spaced_rows)
+        mr = n <= 3 ? 4 : 3;
     const int row = DTILE_NT_MAX + 1; /* a table row: MR's tiles of 0..DTILE_NT_MAX tokens */
     if (a->grouped && n <= two_groups && tab[2 * PP_ROW_GROUP * row + (n < 4 ? n : 4)])
         mr = 2 * PP_ROW_GROUP;
@@ -573,6 +610,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
         m.ldx = a->ldx;
         m.lda = n * 8;
         m.ldy = a->rows;
+        m.row_step = 1;
         for (int64_t k0 = 0; k0 < cols; k0 += kb) {
             int64_t kl = cols - k0 < kb ? cols - k0 : kb;
             m.k0 = k0;
@@ -583,6 +621,8 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             int64_t r = mr == 4 * PP_ROW_GROUP && PP_MM_SPACED_QUADS && spaced
                             ? dtile_spaced_quads(&m, a, s, quad, rs, rs1, k0, kl, n_tiles)
                             : rs;
+            if (!a->grouped && spaced_rows)
+                r = dtile_spaced_rows(&m, a, s, tab + mr * row, mr, rs, rs1, n_tiles);
             m.grp_rows = PP_ROW_GROUP;
             for (int64_t rows; r < rs1; r += rows) {
                 rows = rs1 - r < mr ? (int)(rs1 - r) : mr;

@@ -348,14 +348,19 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
             pp__q8_pairs_fill(&a, fast->q8_pairs, 0, n);
         g.xpair = a.xpair;
         g.xneg = a.xneg;
-        /* in chunks of rows, as threads take them: which rows share a call changes no bit */
-        memset(y1, 0, sizeof(float) * (size_t)(n * rows));
-        for (int64_t r = 0; r < rows; r += chunk)
-            fast_rows(&a, r, r + chunk < rows ? r + chunk : rows, &s);
-        if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
-            fail_msg("matmul_rows %s [%lld,%lld] n=%lld, prefetch L%d%s: %s and portable differ",
-                     pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n, l2 + 1,
-                     a.xpair ? ", pairs" : "", fast->name);
+        /* in chunks of rows, as threads take them: which rows share a call changes no bit; with
+         * the AVX2 table's AMD tiles (spaced row-major tiles) and without */
+        for (int sq = 0; sq < 2; sq++) {
+            a.amd_tiles = sq;
+            memset(y1, 0, sizeof(float) * (size_t)(n * rows));
+            for (int64_t r = 0; r < rows; r += chunk)
+                fast_rows(&a, r, r + chunk < rows ? r + chunk : rows, &s);
+            if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
+                fail_msg("matmul_rows %s [%lld,%lld] n=%lld, prefetch L%d%s%s: %s and portable "
+                         "differ",
+                         pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n,
+                         l2 + 1, a.xpair ? ", pairs" : "", sq ? ", AMD tiles" : "", fast->name);
+        }
         /* row groups, with the AVX2 table's AMD tiles and without (whatever this CPU's
          * pp_simd_amd_tiles says) */
         for (int sq = 0; sq < 2; sq++) {
@@ -544,6 +549,30 @@ static void test_direct_four_groups(void **state)
         }
 }
 
+/* Row-major rows in spaced tiles (the AVX2 table's AMD tiles, dtile_spaced_rows in
+ * kernels/cpu/simd_x86_direct.h) for every n the few-token nest takes them at and one beyond: rows
+ * where two tiles or more fit and some are left over for the adjacent tiles, in one reduction block
+ * and in several, whole calls and chunks as threads take them. */
+static void test_direct_spaced_rows(void **state)
+{
+    (void)state;
+    unsigned seed = 45;
+    const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16};
+    const int64_t rows_list[] = {8, 11, 26, 51};
+    for (int d = 0; d < 3; d++)
+        for (int64_t n = 1; n <= PP_MM_DIRECT_ROWS_MAX_TOKENS + 1; n++) {
+            int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
+            const int64_t cols_list[] = {37, 2 * kb + 45};
+            for (int c = 0; c < 2; c++)
+                for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); i++) {
+                    int64_t rows = rows_list[i];
+                    if (c == 1 && i % 2 != 0)
+                        continue; /* the long rows: a few row counts are enough */
+                    check_rows_split(dts[d], rows, cols_list[c], n, i == 3 ? 24 : rows, &seed);
+                }
+        }
+}
+
 /* Q8_0 blocks at the format's edges: every int8 value, -128 included (|w| = 128 in the AVX2 sign
  * trick, 0 once biased), under scales from the smallest f16 subnormal to the largest finite f16,
  * negative and zero ones too. The integer tables must give the portable bits for each, in the
@@ -654,6 +683,7 @@ int main(void)
         cmocka_unit_test(test_matmul_rows_match),
         cmocka_unit_test(test_direct_all_token_counts),
         cmocka_unit_test(test_direct_four_groups),
+        cmocka_unit_test(test_direct_spaced_rows),
         cmocka_unit_test(test_q8_0_edges),
         cmocka_unit_test(test_q8_act_rule),
         cmocka_unit_test(test_conversions_match),
