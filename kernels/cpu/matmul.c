@@ -134,7 +134,8 @@ void pp__cpu_matmul_many(struct pp_backend *be, int count, float *const y[], con
     int64_t space = j.start[count - 1] + w[count - 1]->rows;
     int q8 = w[0]->dtype == PP_DTYPE_Q8_0;
     /* the layout of the first weight decides for all (the nests take either x and either grain) */
-    int64_t direct_max = pp_mm_direct_max_tokens(c->simd, w[0]->layout == PP_WEIGHT_ROW_GROUPS);
+    int64_t direct_max =
+        pp_mm_direct_max_tokens(c->simd, w[0]->layout == PP_WEIGHT_ROW_GROUPS, c->amd_tiles);
     int pad = !q8 && n > direct_max && cols % 256 == 0;
     int64_t slice = pad || q8 ? PP_MM_X_PADDED_TOKENS : n;
     struct pp_mm_args *a0 = &j.args[0];

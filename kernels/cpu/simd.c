@@ -88,7 +88,8 @@ static const struct pp_simd portable = {
     "portable",         matmul_rows_portable, dot_portable,       dots_portable,
     wsum_portable,      exp_shift_portable,   scale_max_portable, scale_add_portable,
     swiglu_portable,    f16_portable,         bf16_portable,      pp__q8_act_portable,
-    pp__mm_q8_portable, NULL,                 PP_MM_DIRECT_ROWS_MAX_TOKENS};
+    pp__mm_q8_portable, NULL,                 PP_MM_DIRECT_ROWS_MAX_TOKENS,
+    PP_MM_DIRECT_ROWS_MAX_TOKENS};
 
 const struct pp_simd *pp_simd_portable(void)
 {

@@ -76,6 +76,15 @@
 #ifndef PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512
 #define PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512 12
 #endif
+/* The AVX2 table where its AMD tiles run (pp_simd_amd_tiles): row-major rows go in spaced tiles
+ * (kernels/cpu/simd_x86_direct.h, dtile_spaced_rows), which keep ahead of the packed nest up to
+ * 32 tokens. Zen 3, pp_bench_matmul --threads 2 --layout both, the copy's rate (row groups, read
+ * directly) over the rows', two rounds, the packed nest → the direct one: f16 21 tokens 1.24, 1.28
+ * → 1.08, 1.08; 24: 1.24, 1.31 → 1.08, 1.08; 32: 1.18, 1.25 → 1.09, 1.11; bf16 21: 1.12, 1.18 →
+ * 1.04, 1.02; 32: 1.07, 1.13 → 1.06, 1.07; 16 (direct in both) level (docs/benchmarks.md). */
+#ifndef PP_MM_DIRECT_ROWS_MAX_TOKENS_AMD
+#define PP_MM_DIRECT_ROWS_MAX_TOKENS_AMD 32
+#endif
 
 /* Up to this many tokens the AVX-512 few-token nest reads four row groups (12 rows) per tile
  * instead of two (kernels/cpu/simd_avx512.c). */
@@ -186,14 +195,17 @@ struct pp_simd {
     /* NULL where matmul_q8 has no pair tiles */
     pp_q8_pairs_fn q8_pairs;
     /* the most tokens matmul_rows reads row-major weights directly (in row groups:
-     * PP_MM_DIRECT_MAX_TOKENS); more go through packed panels */
-    int64_t direct_max_rows;
+     * PP_MM_DIRECT_MAX_TOKENS), without and with pp_mm_args.amd_tiles; more go through packed
+     * panels */
+    int64_t direct_max_rows, direct_max_rows_amd;
 };
 
-/* The most tokens table s's matmul_rows reads directly, in row groups or row-major. */
-static inline int64_t pp_mm_direct_max_tokens(const struct pp_simd *s, int grouped)
+/* The most tokens table s's matmul_rows reads directly, in row groups or row-major, with
+ * pp_mm_args.amd_tiles = amd_tiles. */
+static inline int64_t pp_mm_direct_max_tokens(const struct pp_simd *s, int grouped, int amd_tiles)
 {
-    return grouped ? PP_MM_DIRECT_MAX_TOKENS : s->direct_max_rows;
+    return grouped ? PP_MM_DIRECT_MAX_TOKENS
+                   : amd_tiles ? s->direct_max_rows_amd : s->direct_max_rows;
 }
 
 /* The best implementation for this CPU. PP_SIMD in the environment caps it: "portable", "avx2" or

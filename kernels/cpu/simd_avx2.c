@@ -6,7 +6,7 @@
  * Matmul of f32, f16 and bf16 weights runs one of two loop nests over the same arithmetic (Q8_0
  * runs in integers, kernels/cpu/matmul_q8.h):
  *  - up to pp_mm_direct_max_tokens tokens (decode, small microbatches; 32 over row groups, 20 over
- *    row-major rows, kernels/cpu/simd.h): weights are read straight
+ *    row-major rows, 32 with the AMD tiles, kernels/cpu/simd.h): weights are read straight
  *    from where the backend keeps them (row groups, kernels/cpu/row_groups.h, or row-major rows)
  *    and converted in registers (F16C, bf16 shift); the
  *    reduction is cut into blocks of PP_MM_DIRECT_KB_FLOATS / n elements, and in each block every
@@ -412,7 +412,9 @@ void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
 static void matmul_rows_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                              const struct pp_mm_scratch *s)
 {
-    if (a->n <= (a->grouped ? PP_MM_DIRECT_MAX_TOKENS : PP_MM_DIRECT_ROWS_MAX_TOKENS))
+    if (a->n <= (a->grouped    ? PP_MM_DIRECT_MAX_TOKENS
+                 : a->amd_tiles ? PP_MM_DIRECT_ROWS_MAX_TOKENS_AMD
+                                : PP_MM_DIRECT_ROWS_MAX_TOKENS))
         pp__mm_direct_avx2(a, r0, r1, s);
     else
         pp__mm_packed_avx2(a, r0, r1, s, &micro_avx2);
@@ -693,7 +695,8 @@ static const struct pp_simd avx2 = {"avx2",         matmul_rows_avx2, dot_avx2,
                                     dots_avx2,      wsum_avx2,        exp_shift_avx2,
                                     scale_max_avx2, scale_add_avx2,   swiglu_avx2,
                                     f16_avx2,       bf16_avx2,        pp__q8_act_avx2,
-                                    pp__mm_q8_avx2, NULL,             PP_MM_DIRECT_ROWS_MAX_TOKENS};
+                                    pp__mm_q8_avx2, NULL,             PP_MM_DIRECT_ROWS_MAX_TOKENS,
+                                    PP_MM_DIRECT_ROWS_MAX_TOKENS_AMD};
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -718,6 +718,7 @@ static void avx512_init(void)
     avx512.matmul_q8 = vnni ? pp__mm_q8_vnni : pp__mm_q8_avx2;
     avx512.q8_pairs = vnni ? pp__q8_pairs_vnni : NULL;
     avx512.direct_max_rows = PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512;
+    avx512.direct_max_rows_amd = PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512;
 }
 
 #if defined(__clang__)

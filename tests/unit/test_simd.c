@@ -560,7 +560,7 @@ static void test_direct_spaced_rows(void **state)
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16};
     const int64_t rows_list[] = {8, 11, 26, 51};
     for (int d = 0; d < 3; d++)
-        for (int64_t n = 1; n <= PP_MM_DIRECT_ROWS_MAX_TOKENS + 1; n++) {
+        for (int64_t n = 1; n <= PP_MM_DIRECT_ROWS_MAX_TOKENS_AMD + 1; n++) {
             int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
             const int64_t cols_list[] = {37, 2 * kb + 45};
             for (int c = 0; c < 2; c++)
