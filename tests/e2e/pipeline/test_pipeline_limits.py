@@ -245,19 +245,29 @@ def test_stage_maps_weights_an_assignment_cannot_copy(models, tmp_path, memory_c
     does now, so they come straight from this test): 605 MiB of weights beside a 64 MiB KV budget
     in 640 MiB. The stage maps the weights instead of being killed while copying them, and
     answers with its cache. Then a 4 GiB KV budget, which even mapped weights leave no room for:
-    the stage holds the 576 MiB that 640 less 64 MiB for the rest allow, and says so."""
+    the stage holds the 576 MiB that 640 less 64 MiB for the rest allow, and says so. The
+    Assigns name a coordinator that listens (one waiting for two stages, which ignores this one's
+    results): where none listened, the refused connection could end the stage's result stream
+    before its first message was queued, and the Assign failed (once under ctest -j2)."""
     if _sanitized(STAGE):
         pytest.skip("a sanitized stage needs more than 640 MiB of its own")
     root = models.get("limits_605mib", *BIG)
     identity = json.loads(run([PPSERVE, "inspect", "--model", str(root / "model.gguf"),
                                "--json"]).stdout)["identity"]
-    addr = f"127.0.0.1:{free_port()}"
+    addr, coord_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    with open(tmp_path / "coordinator.log", "wb") as f:
+        coord = subprocess.Popen([str(COORDINATOR), "--listen", coord_addr, "--model",
+                                  "model.gguf", "--model_root", str(root), "--stages", "2",
+                                  "--log_level", "info"],
+                                 stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV)
     stage, log = start_stage(tmp_path, os.sched_getaffinity(0), cgroup=memory_cgroup,
                              model_root=root, listen=addr)
     pb = protos.stage
     try:
         wait_until(lambda: "probe: device=" in log.read_text(errors="replace"), scaled(60),
                    "the stage's probe")
+        with grpc.insecure_channel(coord_addr, options=CHANNEL_OPTIONS) as cc:
+            grpc.channel_ready_future(cc).result(timeout=scaled(60))
         with grpc.insecure_channel(addr, options=CHANNEL_OPTIONS) as ch:
             grpc.channel_ready_future(ch).result(timeout=scaled(60))
             assign = ch.unary_unary("/ppserve.v1.Stage/Assign",
@@ -265,11 +275,12 @@ def test_stage_maps_weights_an_assignment_cannot_copy(models, tmp_path, memory_c
                                     response_deserializer=pb.AssignResponse.FromString)
             r, big = (assign(pb.Assignment(stage_id=1, index=0, n_stages=1, model="model.gguf",
                                            model_id=identity, first_layer=0, last_layer=8,
-                                           coordinator=f"127.0.0.1:{free_port()}",
+                                           coordinator=coord_addr,
                                            kv_budget_bytes=kv), timeout=scaled(120))
                       for kv in (64 << 20, 4 << 30))
     finally:
         terminate(stage)
+        terminate(coord)
     text = log.read_text(errors="replace")
     assert stage.returncode == 0, text  # copying there: killed by the kernel while loading
     assert "cpu_weights=copy: the weights (605.0 MiB) beside the KV cache (64.0 MiB)" in text, text
