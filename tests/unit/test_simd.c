@@ -348,33 +348,24 @@ static void check_weights(enum pp_dtype dt, const char *w, int64_t rows, int64_t
             pp__q8_pairs_fill(&a, fast->q8_pairs, 0, n);
         g.xpair = a.xpair;
         g.xneg = a.xneg;
-        /* in chunks of rows, as threads take them: which rows share a call changes no bit; with
-         * the AVX2 table's AMD tiles (spaced row-major tiles) and without */
-        for (int sq = 0; sq < 2; sq++) {
-            a.amd_tiles = sq;
-            memset(y1, 0, sizeof(float) * (size_t)(n * rows));
-            for (int64_t r = 0; r < rows; r += chunk)
-                fast_rows(&a, r, r + chunk < rows ? r + chunk : rows, &s);
-            if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
-                fail_msg("matmul_rows %s [%lld,%lld] n=%lld, prefetch L%d%s%s: %s and portable "
-                         "differ",
-                         pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n,
-                         l2 + 1, a.xpair ? ", pairs" : "", sq ? ", AMD tiles" : "", fast->name);
-        }
-        /* row groups, with the AVX2 table's AMD tiles and without (whatever this CPU's
-         * pp_simd_amd_tiles says) */
-        for (int sq = 0; sq < 2; sq++) {
-            g.amd_tiles = sq;
-            memset(y1, 0, sizeof(float) * (size_t)(n * rows));
-            for (int64_t r = 0; r < rows; r += gchunk)
-                fast_rows(&g, r, r + gchunk < rows ? r + gchunk : rows, &s);
-            if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
-                fail_msg("matmul_rows %s [%lld,%lld] n=%lld, row groups, prefetch L%d%s%s: %s "
-                         "and portable differ",
-                         pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n,
-                         l2 + 1, a.xpair ? ", pairs" : "", sq ? ", AMD tiles" : "",
-                         fast->name);
-        }
+        /* row-major and in row groups, in chunks of rows as threads take them (which rows share
+         * a call changes no bit), with the AVX2 table's AMD tiles and without (whatever this
+         * CPU's pp_simd_amd_tiles says) */
+        for (int grouped = 0; grouped < 2; grouped++)
+            for (int sq = 0; sq < 2; sq++) {
+                struct pp_mm_args *m = grouped ? &g : &a;
+                int64_t step = grouped ? gchunk : chunk;
+                m->amd_tiles = sq;
+                memset(y1, 0, sizeof(float) * (size_t)(n * rows));
+                for (int64_t r = 0; r < rows; r += step)
+                    fast_rows(m, r, r + step < rows ? r + step : rows, &s);
+                if (memcmp(y1, y2, sizeof(float) * (size_t)(n * rows)) != 0)
+                    fail_msg("matmul_rows %s [%lld,%lld] n=%lld%s, prefetch L%d%s%s: %s and "
+                             "portable differ",
+                             pp_dtype_name(dt), (long long)rows, (long long)cols, (long long)n,
+                             grouped ? ", row groups" : "", l2 + 1, a.xpair ? ", pairs" : "",
+                             sq ? ", AMD tiles" : "", fast->name);
+            }
     }
     /* the portable loop reads row groups back row by row (pp__row_groups_row_to_f32) */
     float *y3 = malloc(sizeof(float) * (size_t)(n * rows));
