@@ -68,7 +68,13 @@
  * 4 tokens 19.0, 19.6 → 23.1, 23.2, bf16 at 4 tokens 17.8, 17.4 → 20.7, 20.7; pp_bench_matmul
  * --beside 24, two threads, of the bound beside each pass (about 37 GB/s both times), f16 at 3
  * tokens 82.7, 82.1 → 84.8, 87.1%, at 4 tokens 78.9, 75.8 → 83.6, 85.0%, bf16 at 4 tokens 76.4,
- * 76.1 → 82.8, 84.2% (docs/benchmarks.md). */
+ * 76.1 → 82.8, 84.2% (docs/benchmarks.md). Two tokens take the two-group tiles spaced
+ * (pp__mm_direct's spaced_more, dtile_spaced_groups): pp_bench_matmul --threads 2 --tokens 2
+ * --layout groups --beside 16, the builds before and after in turn, three rounds, of the bound
+ * beside each pass, f16 91.7, 80.1, 90.5% (bounds 35.0, 52.5, 34.9 GB/s) → 87.6, 92.1, 88.3%
+ * (52.3, 48.1, 50.9), bf16 90.9, 83.0, 92.5% → 96.2, 95.9, 95.2%, f32 level; pp_bench
+ * --decode-batch 2, two rounds, f16 31.6, 34.8 → 33.4, 35.8 tok/s, bf16 34.3, 37.9 → 41.8, 42.4
+ * (docs/benchmarks.md). */
 #define TWO_GROUPS_MAX_TOKENS_AMD 2
 #define DTILE_ALT(name, dt, nt)                                                                    \
     __attribute__((noinline)) static void dtile_##name##_6x##nt(const struct dtile *m)          \
@@ -106,7 +112,7 @@ static const dtile_fn dtiles[4][7][DTILE_NT_MAX + 1] = {
 DQUAD(f32, PP_DTYPE_F32)
 DQUAD(f16, PP_DTYPE_F16)
 DQUAD(bf16, PP_DTYPE_BF16)
-/* [dtype][NT]: four row groups for one token, spaced (dtile_spaced_quads), where
+/* [dtype][NT]: four row groups for one token, spaced (dtile_spaced_groups), where
  * pp_simd_amd_tiles says (AMD CPUs): the Zen 4 tuning of the AVX-512 table's zquads, which the
  * AVX2 table lacked. pp_bench --threads 2 --dtypes f16,bf16 --prompt 8 --decode 24 on Zen 3, the
  * builds before and after in turn, five rounds, decode beside the bandwidth, f16 87.1, 76.3, 86.4,

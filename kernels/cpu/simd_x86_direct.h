@@ -342,7 +342,7 @@ AI void dquad_step(__m256 acc[12], const char *wk, int64_t go, int64_t ub, const
 /* The four-group tile on ymm for one token: 12 rows in four row groups (A to D, each grp_off after
  * the one before: four streams of weights) × one token, 12 accumulators beside the activation and
  * one weight register. Rows sit in y and the lane sums where dtile_row puts them, so the groups
- * may be spaced (dtile_spaced_quads). Every lane runs dtile_run's chain, so the bits are its. */
+ * may be spaced (dtile_spaced_groups). Every lane runs dtile_run's chain, so the bits are its. */
 AI void dquad_run(const struct dtile *m, enum pp_dtype dt)
 {
     __m256 acc[12];
@@ -500,16 +500,17 @@ AI int64_t dtile_grouped_pf(const struct pp_mm_args *a)
                             : PP_MM_GROUPED_PF_FEW;
 }
 
-/* The whole quads of rows [rs, rs1) over the block [k0, k0 + kl), spaced (PP_MM_SPACED_QUADS):
- * of the super-block's 4 nq whole groups, quad q takes groups q, q + nq, q + 2 nq and q + 3 nq,
- * each group's stream continuing into the next quad's (in one block the prefetch needs no wrap,
- * dtile_wrap finds 0); one token leaves the streams to the hardware prefetch. Returns the first
- * row left for the adjacent tiles: rs when fewer than two quads fit. */
-AI int64_t dtile_spaced_quads(struct dtile *m, const struct pp_mm_args *a,
-                              const struct pp_mm_scratch *s, const dtile_fn *quad, int64_t rs,
-                              int64_t rs1, int64_t k0, int64_t kl, int64_t n_tiles)
+/* The whole tiles of G row groups (G = 4: quads, G = 2: pairs) of rows [rs, rs1) over the block
+ * [k0, k0 + kl), spaced: of the super-block's G·nq whole groups, tile q takes groups q, q + nq, ...,
+ * q + (G - 1) nq, each group's stream continuing into the next tile's (in one block the prefetch
+ * needs no wrap, dtile_wrap finds 0); fns[NT] is the tile of NT tokens, over all n in n_tiles
+ * tiles; one token leaves the streams to the hardware prefetch. Returns the first row left for
+ * the adjacent tiles: rs when fewer than two tiles fit. */
+AI int64_t dtile_spaced_groups(struct dtile *m, const struct pp_mm_args *a,
+                               const struct pp_mm_scratch *s, const dtile_fn *fns, int G,
+                               int64_t rs, int64_t rs1, int64_t k0, int64_t kl, int64_t n_tiles)
 {
-    int64_t nq = (rs1 - rs) / (4 * PP_ROW_GROUP), end = rs + nq * 4 * PP_ROW_GROUP;
+    int64_t nq = (rs1 - rs) / (G * PP_ROW_GROUP), end = rs + nq * G * PP_ROW_GROUP;
     if (nq < 2)
         return rs;
     m->g = pp__row_group(a->dtype, a->cols, 1, PP_ROW_GROUP);
@@ -519,12 +520,12 @@ AI int64_t dtile_spaced_quads(struct dtile *m, const struct pp_mm_args *a,
         int64_t rq = rs + q * PP_ROW_GROUP;
         m->w = (const char *)a->w + rq * a->row_bytes;
         dtile_wrap(m, a, q + 1 < nq ? rq + PP_ROW_GROUP : end, rs, rs1, k0, kl);
-        dtile_tokens(m, a, s, quad, rq, rs, n_tiles, a->n == 1 ? 0 : dtile_grouped_pf(a));
+        dtile_tokens(m, a, s, fns, rq, rs, n_tiles, a->n == 1 ? 0 : dtile_grouped_pf(a));
     }
     return end;
 }
 
-/* Row-major rows [rs, rs1) over the block in tiles of mr rows spaced evenly (spaced_rows in
+/* Row-major rows [rs, rs1) over the block in tiles of mr rows spaced evenly (spaced_more in
  * pp__mm_direct): of nq = (rs1 - rs) / mr tiles, tile q takes rows q, q + nq, ..., q + (mr - 1) nq
  * of the super-block, so each of its mr streams of weights runs on into the next tile's row (the
  * rows are one run of memory) and the hardware prefetch follows it; fns[NT] is the tile of NT
@@ -566,12 +567,13 @@ AI int64_t dtile_spaced_rows(const struct dtile *m0, const struct pp_mm_args *a,
  * rows × tiles of up to 4 tokens, or of up to DTILE_NT_MAX where the table has them; two streams
  * of weights) when n <= two_groups and the table has 6-row tiles for the dtype, or four at a time
  * (12 rows, four streams; quads[dtype][NT]) when also n <= four_groups and quads has them, spaced
- * (dtile_spaced_quads) where spaced is set. Where spaced_rows is set, row-major rows go in spaced
- * tiles (dtile_spaced_rows) of 4 rows up to 3 tokens and of 3 beyond. */
+ * (dtile_spaced_groups) where spaced is set. Where spaced_more is set (the AVX2 table on AMD CPUs),
+ * the two-group tiles are spaced too, and row-major rows go in spaced tiles (dtile_spaced_rows) of
+ * 4 rows up to 3 tokens and of 3 beyond. */
 AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                       const struct pp_mm_scratch *s, const dtile_fn (*tiles)[7][DTILE_NT_MAX + 1],
                       int two_groups, const dtile_fn (*quads)[5], int four_groups, int spaced,
-                      int spaced_rows)
+                      int spaced_more)
 {
     const dtile_fn *tab = &tiles[dtype_index(a->dtype)][0][0];
     const dtile_fn *quad = quads ? quads[dtype_index(a->dtype)] : NULL;
@@ -579,7 +581,7 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     if (n <= 0)
         return;
     int mr = !a->grouped && (n == 1 || n == 2 || n == 3 || n == 5 || n == 6 || n == 9) ? 4 : 3;
-    if (!a->grouped && spaced_rows)
+    if (!a->grouped && spaced_more)
         mr = n <= 3 ? 4 : 3;
     const int row = DTILE_NT_MAX + 1; /* a table row: MR's tiles of 0..DTILE_NT_MAX tokens */
     if (a->grouped && n <= two_groups && tab[2 * PP_ROW_GROUP * row + (n < 4 ? n : 4)])
@@ -618,10 +620,13 @@ AI void pp__mm_direct(const struct pp_mm_args *a, int64_t r0, int64_t r1,
             m.rem = kl - m.full;
             m.first = k0 == 0;
             m.last = k0 + kl == cols;
-            int64_t r = mr == 4 * PP_ROW_GROUP && PP_MM_SPACED_QUADS && spaced
-                            ? dtile_spaced_quads(&m, a, s, quad, rs, rs1, k0, kl, n_tiles)
-                            : rs;
-            if (!a->grouped && spaced_rows)
+            int64_t r = rs;
+            if (mr == 4 * PP_ROW_GROUP && PP_MM_SPACED_QUADS && spaced)
+                r = dtile_spaced_groups(&m, a, s, quad, 4, rs, rs1, k0, kl, n_tiles);
+            else if (mr == 2 * PP_ROW_GROUP && spaced_more)
+                r = dtile_spaced_groups(&m, a, s, tab + mr * row, 2, rs, rs1, k0, kl,
+                                        n_tiles_two);
+            else if (!a->grouped && spaced_more)
                 r = dtile_spaced_rows(&m, a, s, tab + mr * row, mr, rs, rs1, n_tiles);
             m.grp_rows = PP_ROW_GROUP;
             for (int64_t rows; r < rs1; r += rows) {
