@@ -415,12 +415,13 @@ void pp__mm_packed_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
     }
 }
 
+static const struct pp_simd avx2; /* this file's table, defined below */
+
 static void matmul_rows_avx2(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                              const struct pp_mm_scratch *s)
 {
-    if (a->n <= (a->grouped    ? PP_MM_DIRECT_MAX_TOKENS
-                 : a->amd_tiles ? PP_MM_DIRECT_ROWS_MAX_TOKENS_AMD
-                                : PP_MM_DIRECT_ROWS_MAX_TOKENS))
+    /* the table's own limits, as the backend reads them (pp_mm_direct_max_tokens) */
+    if (a->n <= pp_mm_direct_max_tokens(&avx2, a->grouped, a->amd_tiles))
         pp__mm_direct_avx2(a, r0, r1, s);
     else
         pp__mm_packed_avx2(a, r0, r1, s, &micro_avx2);

@@ -515,29 +515,39 @@ static void test_direct_all_token_counts(void **state)
         }
 }
 
+/* check_rows_split for dts[0..n_dts) × 1..n_max tokens × rows_list[0..n_rows), in one reduction
+ * block (37 cols) and in several (2 kb + 45, every long_every-th row count only, as the long rows
+ * are slow): the last row count in chunks of last_chunk rows if not 0, the others whole. */
+static void direct_sweep(const enum pp_dtype *dts, int n_dts, int64_t n_max,
+                         const int64_t *rows_list, int n_rows, int long_every, int64_t last_chunk,
+                         unsigned seed)
+{
+    for (int d = 0; d < n_dts; d++)
+        for (int64_t n = 1; n <= n_max; n++) {
+            int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
+            const int64_t cols_list[] = {37, 2 * kb + 45};
+            for (int c = 0; c < 2; c++)
+                for (int i = 0; i < n_rows; i++) {
+                    int64_t cols = cols_list[c], rows = rows_list[i];
+                    if (dts[d] == PP_DTYPE_Q8_0)
+                        cols = (cols + PP_Q8_0_BLOCK - 1) / PP_Q8_0_BLOCK * PP_Q8_0_BLOCK;
+                    if (c == 1 && i % long_every != 0)
+                        continue;
+                    int64_t chunk = last_chunk && i == n_rows - 1 ? last_chunk : rows;
+                    check_rows_split(dts[d], rows, cols, n, chunk, &seed);
+                }
+        }
+}
+
 /* The few-token tiles of four row groups (12 rows, PP_MM_FOUR_GROUPS_MAX_TOKENS) and what a call
  * leaves after them (two groups, one, a short one), in one reduction block and in several; one
  * token and one past the limit take the other tiles over the same rows. */
 static void test_direct_four_groups(void **state)
 {
     (void)state;
-    unsigned seed = 33;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16, PP_DTYPE_Q8_0};
     const int64_t rows_list[] = {12, 13, 17, 23, 24, 29, 36};
-    for (int d = 0; d < 4; d++)
-        for (int64_t n = 1; n <= PP_MM_FOUR_GROUPS_MAX_TOKENS + 1; n++) {
-            int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
-            const int64_t cols_list[] = {37, 2 * kb + 45};
-            for (int c = 0; c < 2; c++)
-                for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); i++) {
-                    int64_t cols = cols_list[c];
-                    if (dts[d] == PP_DTYPE_Q8_0)
-                        cols = (cols + PP_Q8_0_BLOCK - 1) / PP_Q8_0_BLOCK * PP_Q8_0_BLOCK;
-                    if (c == 1 && i % 3 != 0)
-                        continue; /* the long rows: a few row counts are enough */
-                    check_rows(dts[d], rows_list[i], cols, n, &seed);
-                }
-        }
+    direct_sweep(dts, 4, PP_MM_FOUR_GROUPS_MAX_TOKENS + 1, rows_list, 7, 3, 0, 33);
 }
 
 /* Row-major rows in spaced tiles (the AVX2 table's AMD tiles, dtile_spaced_rows in
@@ -547,21 +557,9 @@ static void test_direct_four_groups(void **state)
 static void test_direct_spaced_rows(void **state)
 {
     (void)state;
-    unsigned seed = 45;
     const enum pp_dtype dts[] = {PP_DTYPE_F32, PP_DTYPE_F16, PP_DTYPE_BF16};
     const int64_t rows_list[] = {8, 11, 26, 51};
-    for (int d = 0; d < 3; d++)
-        for (int64_t n = 1; n <= PP_MM_DIRECT_ROWS_MAX_TOKENS_AMD + 1; n++) {
-            int64_t kb = PP_MM_DIRECT_KB_FLOATS / n / PP_MM_DIRECT_KB_ALIGN * PP_MM_DIRECT_KB_ALIGN;
-            const int64_t cols_list[] = {37, 2 * kb + 45};
-            for (int c = 0; c < 2; c++)
-                for (size_t i = 0; i < sizeof(rows_list) / sizeof(rows_list[0]); i++) {
-                    int64_t rows = rows_list[i];
-                    if (c == 1 && i % 2 != 0)
-                        continue; /* the long rows: a few row counts are enough */
-                    check_rows_split(dts[d], rows, cols_list[c], n, i == 3 ? 24 : rows, &seed);
-                }
-        }
+    direct_sweep(dts, 3, PP_MM_DIRECT_ROWS_MAX_TOKENS_AMD + 1, rows_list, 4, 2, 24, 45);
 }
 
 /* Q8_0 blocks at the format's edges: every int8 value, -128 included (|w| = 128 in the AVX2 sign
