@@ -354,16 +354,19 @@ DTILE_DT(bf16, PP_DTYPE_BF16)
 static const dtile_fn dtiles[4][7][DTILE_NT_MAX + 1] = {DTILE_TABLE(f32), DTILE_TABLE(f16),
                                                         DTILE_TABLE(bf16)};
 
+static struct pp_simd avx512; /* this file's table, filled in by avx512_init below */
+
 static void matmul_rows_avx512(const struct pp_mm_args *a, int64_t r0, int64_t r1,
                                const struct pp_mm_scratch *s)
 {
-    if (a->grouped && a->n <= PP_MM_DIRECT_MAX_TOKENS)
+    /* the table's own limits, as the backend reads them (pp_mm_direct_max_tokens) */
+    if (a->n > pp_mm_direct_max_tokens(&avx512, a->grouped, a->amd_tiles))
+        pp__mm_packed_avx2(a, r0, r1, s, &micro_avx512);
+    else if (a->grouped)
         pp__mm_direct(a, r0, r1, s, dtiles, PP_MM_DIRECT_MAX_TOKENS, zquads,
                       PP_MM_FOUR_GROUPS_MAX_TOKENS, a->prefetch_l2, 0);
-    else if (a->n <= PP_MM_DIRECT_ROWS_MAX_TOKENS_AVX512)
-        pp__mm_direct_avx2(a, r0, r1, s);
     else
-        pp__mm_packed_avx2(a, r0, r1, s, &micro_avx512);
+        pp__mm_direct_avx2(a, r0, r1, s);
 }
 
 /* --- many tokens: the packer ------------------------------------------------------------------ */
@@ -696,7 +699,6 @@ static void swiglu_avx512(float *out, const float *gate, const float *up, int64_
         out[i] = pp__swiglu1(gate[i], up[i]);
 }
 
-static struct pp_simd avx512;
 static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
 
 /* The AVX2 table with this file's matmul. */

@@ -260,10 +260,11 @@ def test_stage_maps_weights_an_assignment_cannot_copy(models, tmp_path, memory_c
                                   "model.gguf", "--model_root", str(root), "--stages", "2",
                                   "--log_level", "info"],
                                  stdout=f, stderr=subprocess.STDOUT, env=CLEAN_ENV)
-    stage, log = start_stage(tmp_path, os.sched_getaffinity(0), cgroup=memory_cgroup,
-                             model_root=root, listen=addr)
+    stage = None
     pb = protos.stage
     try:
+        stage, log = start_stage(tmp_path, os.sched_getaffinity(0), cgroup=memory_cgroup,
+                                 model_root=root, listen=addr)
         wait_until(lambda: "probe: device=" in log.read_text(errors="replace"), scaled(60),
                    "the stage's probe")
         with grpc.insecure_channel(coord_addr, options=CHANNEL_OPTIONS) as cc:
@@ -279,7 +280,8 @@ def test_stage_maps_weights_an_assignment_cannot_copy(models, tmp_path, memory_c
                                            kv_budget_bytes=kv), timeout=scaled(120))
                       for kv in (64 << 20, 4 << 30))
     finally:
-        terminate(stage)
+        if stage is not None:
+            terminate(stage)
         terminate(coord)
     text = log.read_text(errors="replace")
     assert stage.returncode == 0, text  # copying there: killed by the kernel while loading
