@@ -86,13 +86,18 @@ static void tick(struct coordinator *co)
     pthread_mutex_unlock(&co->mu);
 }
 
-/* After a failure: drop the data plane and the dead stages, so that setup can start over. */
+/* After a failure: drop the data plane and the dead stages, so that setup can start over. A
+ * stage that dies while serving breaks a hop before it misses its heartbeats, so setup's retries
+ * find it still registered: its silence is checked here at every retry, and once it passes
+ * stage_timeout_ms the stage is dropped, which lets a replacement on another address register
+ * (registration refuses stages beyond cfg.stages). */
 static void reset_pipeline(struct coordinator *co)
 {
     pthread_mutex_lock(&co->mu);
     struct pp_rpc_stream *hop = co->first_hop;
     co->first_hop = NULL;
     co->deliver = NULL;
+    co_check_stages(co);
     for (int i = 0; i < co->n_stages; i++)
         if (!co->stages[i].alive)
             co_stage_drop(co, i--);

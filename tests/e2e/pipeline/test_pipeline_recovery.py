@@ -1,0 +1,69 @@
+"""A stage killed (-9) while the pipeline serves, then a stage started in its place: the coordinator
+forms the pipeline again and serves the same tokens, whether the new stage comes back on the dead
+one's address (a restarted process) or on another (a rescheduled pod gets a new IP). The dead stage
+breaks its hops before it misses its heartbeats, so setup's retries must still see its silence and
+drop it: otherwise the pipeline keeps its two places filled by the dead stage, and a stage on a new
+address is refused ("the pipeline already has its 2 stages") for good."""
+import signal
+import time
+
+import pytest
+
+from cluster import MODEL_FLAGS, STAGE, Daemon, scaled, wait_until
+
+pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
+
+PROMPT = [1, 33, 66, 99, 132, 165, 198, 231]
+TIMEOUT_MS = 1500  # the coordinator's stage_timeout_ms
+
+
+@pytest.fixture(scope="module")
+def model(models):
+    return models.get("pipe6", *MODEL_FLAGS)
+
+
+def greedy(cl, n=12):
+    c = cl.client()
+    return c.generate(c.request(prompt_ids=PROMPT, max_tokens=n), timeout=60)
+
+
+@pytest.mark.parametrize("where", ["new-address", "same-address"])
+def test_a_stage_started_in_a_dead_ones_place_rejoins(model, cluster_factory, tmp_path, where):
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS))
+    before = greedy(cl)
+    assert before.code.name == "OK" and len(before.ids) == 12, before
+    stages = cl.stage_status()
+    victim_addr = stages[0]["address"]
+    survivor_addr = stages[1]["address"]
+    victim = cl.stage_daemon(0)
+    victim.expect_death = True
+    victim.signal(signal.SIGKILL)
+    victim.proc.wait(scaled(10))
+    t0 = time.monotonic()
+    wait_until(lambda: cl.status()["state"] != "serving", scaled(5), "Status to leave serving")
+
+    # the new process: the cluster's stage flags, on the dead stage's address or a fresh port
+    addr = victim_addr if where == "same-address" else "127.0.0.1:0"
+    new = Daemon("stage-new", [STAGE, "--coordinator", cl.addr, "--listen", addr, "--model_root",
+                               cl.model_root, "--threads", "1", "--kv_mb", "64", "--heartbeat_ms",
+                               "200", "--grace_ms", "1000", "--log_level", "info"],
+                 tmp_path / f"{cl.tag}-stage-new.log")
+    cl.stages.append(new)
+    cl.daemons.append(new)
+    st = cl.wait_serving(timeout=30)
+    took = time.monotonic() - t0
+    addrs = sorted(s["address"] for s in st["stages"])
+    print(f"{where}: serving again {took:.2f} s after the kill, stages {addrs}")
+    assert len(addrs) == 2 and survivor_addr in addrs, st["stages"]
+    if where == "same-address":
+        assert addrs == sorted([victim_addr, survivor_addr]), addrs
+    else:
+        assert victim_addr not in addrs, f"the dead stage {victim_addr} is still in {addrs}"
+        assert "stage silent address=" + victim_addr in cl.coordinator.text()
+    assert all(s["healthy"] for s in st["stages"]), st["stages"]
+    # the heartbeat timeout, then a retry (every second) and the new stage's load
+    assert took < scaled(TIMEOUT_MS / 1000 + 10), f"serving again only after {took:.1f} s"
+
+    after = greedy(cl)
+    assert after.code.name == "OK", after
+    assert after.ids == before.ids, (before.ids, after.ids)
