@@ -31,7 +31,9 @@ int pp_cmd_synth(int argc, char **argv)
         {"ffn", PP_ARG_INT, &sz.ffn_dim, 1, 1 << 20, "FFN size"},
         {"vocab", PP_ARG_INT, &sz.vocab_size, 300, 1 << 20, "vocabulary size (>= 300)"},
         {"ctx", PP_ARG_INT, &sz.max_context, 1, 1 << 20, "context length"},
-        {"dtype", PP_ARG_STRING, &dtype, 0, 0, "f32 | f16 | bf16 | q8_0 (q8_0: GGUF only)"},
+        {"dtype", PP_ARG_STRING, &dtype, 0, 0,
+         "f32 | f16 | bf16 | q8_0 (q8_0: quantized in GGUF; an HF checkpoint holds the same "
+         "values dequantized, as float32)"},
         {"seed", PP_ARG_U64, &seed, 0, 0, "weight seed (default 1)"},
         {"format", PP_ARG_STRING, &format, 0, 0, "gguf | hf | both (default gguf)"},
         {"tied", PP_ARG_FLAG, &tied, 0, 0, "tie the LM head to the embedding"},
