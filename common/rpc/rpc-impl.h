@@ -21,7 +21,8 @@ pp_status pp__rpc_buffer_read(grpc_byte_buffer *bb, struct pp_buf *out);
 
 /* Channel args: both message limits and keepalive (pings every 10 s, 5 s to answer, also without
  * calls) so that a dead or hung peer is noticed within seconds on long-lived streams. Servers also
- * accept pings that often. args must hold PP_RPC_N_ARGS entries; returns how many were set. */
+ * accept pings that often, and bind without SO_REUSEPORT (a port in use fails). args must hold
+ * PP_RPC_N_ARGS entries; returns how many were set. */
 #define PP_RPC_N_ARGS 8
 int pp__rpc_channel_args(grpc_arg *args, int max_bytes, int server);
 

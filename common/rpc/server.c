@@ -231,19 +231,26 @@ int pp__rpc_channel_args(grpc_arg *args, int max_bytes, int server)
     struct {
         const char *key;
         int value;
+        int server_only;
     } kv[] = {
-        {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_bytes},
-        {GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, max_bytes},
-        {GRPC_ARG_KEEPALIVE_TIME_MS, 10000},
-        {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000},
-        {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
-        {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0},
-        {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000},
+        {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_bytes, 0},
+        {GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, max_bytes, 0},
+        {GRPC_ARG_KEEPALIVE_TIME_MS, 10000, 0},
+        {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000, 0},
+        {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1, 0},
+        {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0, 0},
+        {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000, 1},
+        /* gRPC binds with SO_REUSEPORT unless told not to: a second daemon on a port in use
+         * would then start without error and the kernel would split the connections between
+         * the two (a restarted coordinator whose old process still runs serves half the
+         * clients from a different cluster) */
+        {GRPC_ARG_ALLOW_REUSEPORT, 0, 1},
     };
+    _Static_assert(sizeof(kv) / sizeof(kv[0]) <= PP_RPC_N_ARGS, "args holds every entry");
     int n = 0;
     for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++) {
-        if (!server && i == 6)
-            continue; /* a server-side setting */
+        if (!server && kv[i].server_only)
+            continue;
         args[n].type = GRPC_ARG_INTEGER;
         args[n].key = (char *)kv[i].key;
         args[n].value.integer = kv[i].value;
@@ -318,7 +325,8 @@ pp_status pp_rpc_server_start(struct pp_rpc_server *s, int *port)
     int p = grpc_server_add_http2_port(s->server, s->listen, creds);
     grpc_server_credentials_release(creds);
     if (p == 0)
-        return pp_error(PP_ERR_IO, "rpc server: cannot listen on %s", s->listen);
+        return pp_error(PP_ERR_IO, "rpc server: cannot listen on %s (a bad address, or one in "
+                        "use: another process listens there)", s->listen);
     grpc_server_start(s->server);
     s->started = 1;
     for (int i = 0; i < s->n_methods; i++)

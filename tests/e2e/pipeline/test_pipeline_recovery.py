@@ -4,7 +4,9 @@ one's address (a restarted process) or on another (a rescheduled pod gets a new 
 breaks its hops before it misses its heartbeats, so setup's retries must still see its silence and
 drop it: otherwise the pipeline keeps its two places filled by the dead stage, and a stage on a new
 address is refused ("the pipeline already has its 2 stages") for good."""
+import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -67,3 +69,71 @@ def test_a_stage_started_in_a_dead_ones_place_rejoins(model, cluster_factory, tm
     after = greedy(cl)
     assert after.code.name == "OK", after
     assert after.ids == before.ids, (before.ids, after.ids)
+
+
+def registered_ids(cl):
+    """{address: stage id} from the coordinator's log, the latest registration of each address."""
+    ids = {}
+    for m in re.finditer(r"stage registered id=(\d+) address=(\S+)", cl.coordinator.text()):
+        ids[m.group(2)] = int(m.group(1))
+    return ids
+
+
+def test_stages_rejoin_a_restarted_coordinator_in_any_order(model, cluster_factory, tmp_path):
+    """The coordinator killed and started again on its port, while the stage it had registered
+    first is stopped: the other one registers first with the new coordinator. Ids started at 1 in
+    every coordinator process, so that stage got the stopped one's id, the stopped one's
+    heartbeats (by id) were then taken as the other's, and it never registered again: the
+    pipeline waited for its second stage for good, with both stages alive."""
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS))
+    before = greedy(cl)
+    assert before.code.name == "OK" and len(before.ids) == 12, before
+    ids = registered_ids(cl)
+    assert len(ids) == 2, ids
+    first = min(ids, key=ids.get)
+    other = max(ids, key=ids.get)
+    sleeper = next(d for d in cl.stages if f"listening on {first} " in d.text())
+    sleeper.signal(signal.SIGSTOP)
+    try:
+        old = cl.coordinator
+        old.expect_death = True
+        old.signal(signal.SIGKILL)
+        old.proc.wait(scaled(10))
+        cl.client().close()
+        cl._client = None
+        new = Daemon("coordinator-new", old.args, tmp_path / f"{cl.tag}-coordinator-new.log")
+        cl.coordinator = new
+        cl.daemons.append(new)
+        wait_until(lambda: f"address={other}" in new.text(), scaled(15),
+                   "the running stage to register with the new coordinator")
+    finally:
+        sleeper.signal(signal.SIGCONT)
+    st = cl.wait_serving(timeout=30)
+    addrs = sorted(s["address"] for s in st["stages"])
+    assert addrs == sorted([first, other]), addrs
+    again = registered_ids(cl)
+    assert again[first] != again[other], again
+    after = greedy(cl)
+    assert after.code.name == "OK" and after.ids == before.ids, (before, after)
+
+
+def test_a_second_daemon_on_a_port_in_use_fails(model, cluster_factory, tmp_path):
+    """gRPC binds with SO_REUSEPORT unless told not to: a second coordinator (a restart whose old
+    process still runs) or stage on a port in use started without error, and the kernel split the
+    connections between the two processes. It must fail and say so, leaving the first serving."""
+    cl = cluster_factory(model, stages=2)
+    before = greedy(cl)
+    stage_addr = cl.stage_status()[0]["address"]
+    runs = {
+        "coordinator": [str(a) for a in cl.coordinator.args],
+        "stage": [str(STAGE), "--coordinator", cl.addr, "--listen", stage_addr, "--model_root",
+                  str(cl.model_root), "--threads", "1", "--kv_mb", "64"],
+    }
+    for who, args in runs.items():
+        p = subprocess.run(args, capture_output=True, text=True, timeout=scaled(60))
+        out = p.stdout + p.stderr
+        assert p.returncode != 0, f"a second {who} on a port in use started:\n{out}"
+        where = cl.addr if who == "coordinator" else stage_addr
+        assert f"cannot listen on {where} (a bad address, or one in use" in out, out
+    after = greedy(cl)
+    assert after.code.name == "OK" and after.ids == before.ids, (before, after)
