@@ -140,6 +140,7 @@ struct coordinator {
                                       * when one serves: Status keeps saying it while re-forming */
     int blocked;                     /* the last setup was refused: wait for the stages to change */
     uint64_t stages_gen;             /* bumped when a stage registers (again) or is dropped */
+    double last_check;               /* monotonic seconds of the last co_check_stages */
     int stop;                        /* the release thread ends */
     int draining;                    /* SIGTERM: new requests are refused */
     volatile int *interrupted;       /* set by the signal handler */

@@ -146,10 +146,27 @@ static pp_status on_heartbeat(void *ud, const ProtobufCMessage *msg, struct pp_b
     return pp_rpc_pack(&out.base, resp);
 }
 
+/* Checks run every 100-200 ms, and setup's Assign calls reset last_check: a longer gap means this
+ * process did not run (stopped, or its host paused it). */
+#define CHECK_GAP_S 1.0
+
 void co_check_stages(struct coordinator *co)
 {
     double now = pp_clock_mono();
     double limit = (double)co->cfg.stage_timeout_ms / 1000.0;
+    double gap = co->last_check > 0 ? now - co->last_check : 0;
+    co->last_check = now;
+    if (gap > CHECK_GAP_S) {
+        /* the stages' heartbeats of that time may still wait in this process's sockets: their
+         * silence counts from before the gap, not across it (a stopped coordinator otherwise
+         * dropped every stage when it resumed, and failed the running requests) */
+        for (int i = 0; i < co->n_stages; i++) {
+            struct co_stage *s = &co->stages[i];
+            s->last_seen = s->last_seen + gap < now ? s->last_seen + gap : now;
+        }
+        PP_WARN("stage liveness checked again after %.1f s (this process was stopped): the "
+                "stages' silence is counted without the gap", gap);
+    }
     for (int i = 0; i < co->n_stages; i++) {
         struct co_stage *s = &co->stages[i];
         if (!s->alive || now - s->last_seen <= limit)

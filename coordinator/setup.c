@@ -284,6 +284,9 @@ pp_status co_setup_pipeline(struct coordinator *co)
         st = open_first_hop(co);
 
     pthread_mutex_lock(&co->mu);
+    /* the Assign calls took this thread's time, not the process's: heartbeats went on arriving,
+     * so the next liveness check has no gap to leave out (co_check_stages) */
+    co->last_check = 0;
     if (st == PP_OK && co->state == CO_STARTING) {
         co->kv_blocks_cap = INT32_MAX;
         co->max_seqs = INT32_MAX;

@@ -1,9 +1,7 @@
-"""A stage killed (-9) while the pipeline serves, then a stage started in its place: the coordinator
-forms the pipeline again and serves the same tokens, whether the new stage comes back on the dead
-one's address (a restarted process) or on another (a rescheduled pod gets a new IP). The dead stage
-breaks its hops before it misses its heartbeats, so setup's retries must still see its silence and
-drop it: otherwise the pipeline keeps its two places filled by the dead stage, and a stage on a new
-address is refused ("the pipeline already has its 2 stages") for good."""
+"""Recovery: after a stage is killed and another started in its place (on its address or another),
+after the coordinator is killed and started again, and after the coordinator is stopped for a
+while, the pipeline serves again with the same tokens; and a second daemon on a port in use fails
+to start instead of sharing it."""
 import re
 import signal
 import subprocess
@@ -11,7 +9,7 @@ import time
 
 import pytest
 
-from cluster import MODEL_FLAGS, STAGE, Daemon, scaled, wait_until
+from cluster import LONG_FLAGS, MODEL_FLAGS, STAGE, Daemon, scaled, wait_until
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
 
@@ -31,6 +29,10 @@ def greedy(cl, n=12):
 
 @pytest.mark.parametrize("where", ["new-address", "same-address"])
 def test_a_stage_started_in_a_dead_ones_place_rejoins(model, cluster_factory, tmp_path, where):
+    """The new stage comes back on the dead one's address (a restarted process) or on another (a
+    rescheduled pod gets a new IP). The dead stage breaks its hops before it misses its heartbeats,
+    so setup's retries must still see its silence and drop it: otherwise its place stays filled,
+    and a stage on a new address is refused ("the pipeline already has its 2 stages") for good."""
     cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS))
     before = greedy(cl)
     assert before.code.name == "OK" and len(before.ids) == 12, before
@@ -137,3 +139,36 @@ def test_a_second_daemon_on_a_port_in_use_fails(model, cluster_factory, tmp_path
         assert f"cannot listen on {where} (a bad address, or one in use" in out, out
     after = greedy(cl)
     assert after.code.name == "OK" and after.ids == before.ids, (before, after)
+
+
+def test_a_stopped_coordinator_keeps_its_stages(models, cluster_factory):
+    """The coordinator stopped (SIGSTOP: a paused VM, a debugger) for twice stage_timeout_ms in the
+    middle of a generation, then resumed: the stages' heartbeats of that time wait in its sockets,
+    so it must not count the pause as their silence. It dropped both stages on resuming and failed
+    the request; now the generation goes on to its end with the tokens of an undisturbed run."""
+    long_model = models.get("pipe6long", *LONG_FLAGS)
+    cl = cluster_factory(long_model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS))
+    c = cl.client()
+    n = 600
+    before = c.generate(c.request(prompt_ids=PROMPT, max_tokens=n), timeout=120)
+    assert before.code.name == "OK" and len(before.ids) == n, before
+    call = c.stream(c.request(prompt_ids=PROMPT, max_tokens=n), timeout=120)
+    ids = []
+    stopped = False
+    try:
+        for r in call:
+            ids.extend(r.ids)
+            if len(ids) >= 5 and not stopped:
+                cl.coordinator.signal(signal.SIGSTOP)
+                stopped = True
+                time.sleep(2 * TIMEOUT_MS / 1000)
+                cl.coordinator.signal(signal.SIGCONT)
+    except Exception as e:  # grpc.RpcError: the request failed
+        pytest.fail(f"the generation failed after {len(ids)} tokens: {e}")
+    finally:
+        cl.coordinator.signal(signal.SIGCONT)
+    assert stopped and ids == before.ids, (len(ids), ids[:8], before.ids[:8])
+    text = cl.coordinator.text()
+    assert "stage silent" not in text and "pipeline down" not in text, text[-2000:]
+    assert "stage liveness checked again after " in text, text[-2000:]
+    assert cl.status()["state"] == "serving"
