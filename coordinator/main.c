@@ -183,10 +183,10 @@ int main(int argc, char **argv)
             pthread_mutex_lock(&co->mu);
             int blocked = co->blocked;
             pthread_mutex_unlock(&co->mu);
-            /* a refusal is not retried until something changes: a stage restarted with another
-             * configuration, a stage gone, or the retry period (a model file replaced) */
-            /* both wait checking the stages' liveness every 200 ms, and end early when a stage
-             * registers, leaves or goes silent */
+            /* a refusal is not retried until something changes (a stage restarted with another
+             * configuration, a stage gone) or the retry period passes (a model file replaced),
+             * another failure after a second; both waits check the stages' liveness every 200 ms
+             * and end early when a stage registers, leaves or goes silent */
             co_setup_wait_change(co, blocked ? CO_BLOCKED_RETRY_S : 1.0);
             reset_pipeline(co);
             continue;
