@@ -55,6 +55,7 @@ struct co_stage {
     int32_t first, last;   /* [first, last) */
     uint32_t kv_blocks, kv_block_tokens, max_seqs;
     int32_t max_context;
+    uint64_t assigned_instance; /* the stage process that answered the Assign (0: unknown) */
     struct pp_rpc_channel *ch;
     /* the latest heartbeats: stats now, and a window's start for rates */
     Ppserve__V1__StageStats stats;

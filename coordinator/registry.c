@@ -65,8 +65,12 @@ static pp_status on_register(void *ud, const ProtobufCMessage *msg, struct pp_bu
     pthread_mutex_lock(&co->mu);
     struct co_stage *s = find_by_address(co, req->advertised_address);
     if (s && co->state != CO_WAITING) {
-        /* a stage we assigned came back without its state: the pipeline it was part of is gone */
-        if (co->state == CO_SERVING || co->state == CO_STARTING)
+        /* a stage we assigned came back without its state: the pipeline it was part of is gone;
+         * unless the process registering is the one that answered the Assign (a new process on
+         * a dead one's address, assigned by setup's retry before it had registered, or one whose
+         * id was dropped): it holds its layers */
+        int holds = req->instance != 0 && req->instance == s->assigned_instance;
+        if ((co->state == CO_SERVING || co->state == CO_STARTING) && !holds)
             co_pipeline_down(co, "stage %s registered again (it restarted and lost its layers)",
                              s->address);
         describe(s, req);

@@ -206,6 +206,7 @@ static pp_status assign_one(struct coordinator *co, struct co_stage *s, int inde
     s->kv_block_tokens = r->kv_block_tokens;
     s->max_seqs = r->max_seqs;
     s->max_context = r->max_context;
+    s->assigned_instance = r->instance;
     PP_INFO("stage assigned index=%d address=%s layers=[%d,%d) kv_blocks=%u kv_budget_mib=%.1f "
             "weights_mib=%.1f", index, s->address, s->first, s->last, r->kv_blocks,
             (double)s->kv_budget / (1 << 20), (double)r->weight_bytes / (1 << 20));

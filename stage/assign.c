@@ -291,6 +291,7 @@ pp_status pp_stage_assign_handler(void *ud, const ProtobufCMessage *req, struct 
     r.weight_bytes = (uint64_t)pp_model_weight_bytes(a->model);
     r.max_seqs = (uint32_t)kv->max_seqs;
     r.max_context = pp_executor_max_context(a->ex);
+    r.instance = s->instance;
     PP_INFO("assigned: index=%u n_stages=%u model=%s id=%s layers=%d..%d next=%s kv_blocks=%u "
             "block_tokens=%u weight_bytes=%llu max_batch_tokens=%d tp=%d ep=%d load_s=%.3f",
             a->index, a->n_stages, a->model_name, a->model_id, a->first_layer, a->last_layer,

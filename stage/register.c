@@ -75,6 +75,7 @@ static pp_status register_once(struct pp_stage *s, struct pp_rpc_channel *ch)
     req.compute_threads = (uint32_t)s->cfg.threads;
     req.weight_bytes_per_second = s->weight_bytes_per_second;
     req.kv_budget_bytes = (uint64_t)s->cfg.kv_mb << 20;
+    req.instance = s->instance;
     ProtobufCMessage *resp = NULL;
     pp_status st = pp_rpc_call(ch, REGISTER_METHOD, &req.base,
                                &ppserve__v1__register_response__descriptor, REGISTER_DEADLINE_MS,

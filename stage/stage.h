@@ -147,6 +147,7 @@ struct pp_stage_info {
 struct pp_stage {
     struct pp_stage_config cfg; /* immutable after start-up */
     char advertise[PP_CFG_STR_MAX + 16]; /* host:port as registered */
+    uint64_t instance; /* random, this process's number in its registrations and AssignResponses */
     int32_t tp, ep;                 /* the degrees it runs with (pp_stage_config_degrees) */
     struct pp_device_spec devices;  /* the key `devices` resolved on this host: cpu or tp GPUs */
     char devices_used[16 * PP_DEVICES_MAX]; /* devices as text ("cpu", "cuda:0,1") */
