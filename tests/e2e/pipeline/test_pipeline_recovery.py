@@ -4,7 +4,9 @@ while, the pipeline serves again with the same tokens; and a second daemon on a 
 to start instead of sharing it."""
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -172,3 +174,88 @@ def test_a_stopped_coordinator_keeps_its_stages(models, cluster_factory):
     assert "stage silent" not in text and "pipeline down" not in text, text[-2000:]
     assert "stage liveness checked again after " in text, text[-2000:]
     assert cl.status()["state"] == "serving"
+
+
+class HeldProxy:
+    """A TCP forwarder to target on a free loopback port that holds every connection's bytes for
+    hold seconds after it opens before passing them on (both ways)."""
+
+    def __init__(self, target, hold):
+        self.target = target.rsplit(":", 1)
+        self.hold = hold
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.open = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while self.open:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client):
+        time.sleep(self.hold)
+        try:
+            upstream = socket.create_connection((self.target[0], int(self.target[1])))
+        except OSError:
+            client.close()
+            return
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.open = False
+        self.server.close()
+
+
+def test_a_stage_assigned_before_it_registers_keeps_its_layers(model, cluster_factory, tmp_path):
+    """A new process on a dead stage's address answers setup's retried Assign before its own
+    registration arrives (here held back by a proxy between it and the coordinator). The
+    registration then came from an address the pipeline had just been formed with, which read as a
+    restart that lost its layers and took the new pipeline down. The process's instance number,
+    the same in its AssignResponse and its RegisterRequest, now says it holds them."""
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", "8000"))
+    before = greedy(cl)
+    assert before.code.name == "OK", before
+    victim_addr = cl.stage_status()[0]["address"]
+    victim = cl.stage_daemon(0)
+    victim.expect_death = True
+    victim.signal(signal.SIGKILL)
+    victim.proc.wait(scaled(10))
+    wait_until(lambda: cl.status()["state"] != "serving", scaled(5), "Status to leave serving")
+    proxy = HeldProxy(cl.addr, hold=1.5)
+    try:
+        new = Daemon("stage-new", [STAGE, "--coordinator", proxy.addr, "--listen", victim_addr,
+                                   "--model_root", cl.model_root, "--threads", "1", "--kv_mb",
+                                   "64", "--heartbeat_ms", "200", "--log_level", "info"],
+                     tmp_path / f"{cl.tag}-stage-new.log")
+        cl.stages.append(new)
+        cl.daemons.append(new)
+        cl.wait_serving(timeout=20)
+        assert "registered:" not in new.text(), "the registration came before the Assign"
+        wait_until(lambda: "registered:" in new.text(), scaled(20), "the held registration")
+        time.sleep(0.5)
+        text = cl.coordinator.text()
+        assert "registered again" not in text, text[-3000:]
+        assert cl.status()["state"] == "serving"
+        after = greedy(cl)
+        assert after.code.name == "OK" and after.ids == before.ids, (before, after)
+    finally:
+        proxy.close()
