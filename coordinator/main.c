@@ -86,18 +86,13 @@ static void tick(struct coordinator *co)
     pthread_mutex_unlock(&co->mu);
 }
 
-/* After a failure: drop the data plane and the dead stages, so that setup can start over. A
- * stage that dies while serving breaks a hop before it misses its heartbeats, so setup's retries
- * find it still registered: its silence is checked here at every retry, and once it passes
- * stage_timeout_ms the stage is dropped, which lets a replacement on another address register
- * (registration refuses stages beyond cfg.stages). */
+/* After a failure: drop the data plane and the dead stages, so that setup can start over. */
 static void reset_pipeline(struct coordinator *co)
 {
     pthread_mutex_lock(&co->mu);
     struct pp_rpc_stream *hop = co->first_hop;
     co->first_hop = NULL;
     co->deliver = NULL;
-    co_check_stages(co);
     for (int i = 0; i < co->n_stages; i++)
         if (!co->stages[i].alive)
             co_stage_drop(co, i--);
@@ -185,8 +180,12 @@ int main(int argc, char **argv)
             pthread_mutex_unlock(&co->mu);
             /* a refusal is not retried until something changes (a stage restarted with another
              * configuration, a stage gone) or the retry period passes (a model file replaced),
-             * another failure after a second; both waits check the stages' liveness every 200 ms
-             * and end early when a stage registers, leaves or goes silent */
+             * another failure after a second. Both waits check the stages' liveness every 200 ms
+             * and end early when a stage registers, leaves or goes silent: a stage that died
+             * while serving broke a hop before it missed its heartbeats, so it is still
+             * registered here; once silent for stage_timeout_ms it is marked dead and
+             * reset_pipeline drops it, which lets a replacement on another address register
+             * (registration refuses stages beyond cfg.stages) */
             co_setup_wait_change(co, blocked ? CO_BLOCKED_RETRY_S : 1.0);
             reset_pipeline(co);
             continue;

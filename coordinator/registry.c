@@ -2,11 +2,10 @@
  * into a failed pipeline within stage_timeout_ms. */
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
-#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/nonce.h"
 #include "coordinator/coordinator.h"
 
 static struct co_stage *find_by_id(struct coordinator *co, uint64_t id)
@@ -201,23 +200,15 @@ void co_stage_drop(struct coordinator *co, int i)
     co->stages_gen++;
 }
 
-/* The first stage id of this coordinator process, less one: a random multiple of 2^32. Stages keep
- * their id across a coordinator's restart, and heartbeats name the stage by id alone; were ids to
- * start at 1 in every process, a stage's heartbeat could be credited to whichever stage the new
- * coordinator had given its number, so the stage never registered again and the pipeline waited
- * for it for good (and a dead stage looked alive). From a random base, an old id is unknown here
- * (1 chance in 2^32 otherwise), and its stage registers again. */
-static uint64_t id_base(void)
-{
-    uint32_t r = 0;
-    if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
-        r = (uint32_t)getpid() * 2654435761u ^ (uint32_t)(co_wall_now() * 1e6);
-    return (uint64_t)(r | 1u) << 32;
-}
-
 pp_status co_registry_add(struct coordinator *co)
 {
-    co->next_stage_id = id_base();
+    /* ids start after a random multiple of 2^32 in each coordinator process. Stages keep their id
+     * across a coordinator's restart, and heartbeats name the stage by id alone; were ids to start
+     * at 1 in every process, a stage's heartbeat could be credited to whichever stage the new
+     * coordinator had given its number, so the stage never registered again and the pipeline
+     * waited for it for good (and a dead stage looked alive). From a random base, an old id is
+     * unknown here (1 chance in 2^32 otherwise), and its stage registers again. */
+    co->next_stage_id = (uint64_t)(uint32_t)(pp_nonce64() | 1) << 32;
     pp_status st = pp_rpc_server_add_unary(co->server, "/ppserve.v1.Coordinator/RegisterStage",
                                            &ppserve__v1__register_request__descriptor, on_register,
                                            co);

@@ -7,13 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <unistd.h>
 
 #include "common/alloc.h"
-#include "common/clock.h"
 #include "common/limits.h"
 #include "common/log.h"
+#include "common/nonce.h"
 #include "stage/stage.h"
 
 #define SERVER_THREADS 2
@@ -75,20 +73,12 @@ static pp_status serve(struct pp_stage *s)
     return PP_OK;
 }
 
-/* A random number for this process: a new process on an old one's address can be assigned layers
- * before it registers (the coordinator retries the address it knows), and the coordinator tells by
- * this number that the process registering holds them, not that the old one restarted. */
-static uint64_t instance_number(void)
-{
-    uint64_t r = 0;
-    if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
-        r = ((uint64_t)getpid() << 32) ^ (uint64_t)(pp_clock_real() * 1e9);
-    return r ? r : 1;
-}
-
 static void context_init(struct pp_stage *s)
 {
-    s->instance = instance_number();
+    /* a new process on an old one's address can be assigned layers before it registers (the
+     * coordinator retries the address it knows); by this number the coordinator tells that the
+     * process registering holds them, not that the old one restarted */
+    s->instance = pp_nonce64();
     pthread_mutex_init(&s->assign_mu, NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->info_mu, NULL);

@@ -396,16 +396,21 @@ class Cluster:
         self.daemons.append(self.coordinator)
         for i in range(self.n_stages):
             host = self.lab.addr(i + 1) if self.lab else "127.0.0.1"
-            d = Daemon(f"stage{i}", [STAGE, "--coordinator", self.addr, "--listen", f"{host}:0",
-                                     "--model_root", self.model_root, "--threads", "1",
-                                     "--kv_mb", "64", "--heartbeat_ms", "200", "--grace_ms", "1000",
-                                     "--log_level", "info", *self.stage_flags],
+            d = Daemon(f"stage{i}", self.stage_args(f"{host}:0"),
                        self.workdir / f"{self.tag}-stage{i}.log", self._prefix(i + 1))
             self.stages.append(d)
             self.daemons.append(d)
         if wait:
             self.wait_serving(timeout)
         return self
+
+    def stage_args(self, listen, coordinator=None):
+        """A stage's command line: this cluster's flags, listening on listen, registering with
+        coordinator (default: this cluster's)."""
+        return [STAGE, "--coordinator", coordinator or self.addr, "--listen", listen,
+                "--model_root", self.model_root, "--threads", "1", "--kv_mb", "64",
+                "--heartbeat_ms", "200", "--grace_ms", "1000", "--log_level", "info",
+                *self.stage_flags]
 
     def client(self):
         assert not self.lab, "in a lab, talk to the cluster through netclient (Lab.generate)"

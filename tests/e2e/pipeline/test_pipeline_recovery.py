@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cluster import LONG_FLAGS, MODEL_FLAGS, STAGE, Daemon, scaled, wait_until
+from cluster import LONG_FLAGS, MODEL_FLAGS, Daemon, scaled, wait_until
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
 
@@ -50,10 +50,7 @@ def test_a_stage_started_in_a_dead_ones_place_rejoins(model, cluster_factory, tm
 
     # the new process: the cluster's stage flags, on the dead stage's address or a fresh port
     addr = victim_addr if where == "same-address" else "127.0.0.1:0"
-    new = Daemon("stage-new", [STAGE, "--coordinator", cl.addr, "--listen", addr, "--model_root",
-                               cl.model_root, "--threads", "1", "--kv_mb", "64", "--heartbeat_ms",
-                               "200", "--grace_ms", "1000", "--log_level", "info"],
-                 tmp_path / f"{cl.tag}-stage-new.log")
+    new = Daemon("stage-new", cl.stage_args(addr), tmp_path / f"{cl.tag}-stage-new.log")
     cl.stages.append(new)
     cl.daemons.append(new)
     st = cl.wait_serving(timeout=30)
@@ -130,8 +127,7 @@ def test_a_second_daemon_on_a_port_in_use_fails(model, cluster_factory, tmp_path
     stage_addr = cl.stage_status()[0]["address"]
     runs = {
         "coordinator": [str(a) for a in cl.coordinator.args],
-        "stage": [str(STAGE), "--coordinator", cl.addr, "--listen", stage_addr, "--model_root",
-                  str(cl.model_root), "--threads", "1", "--kv_mb", "64"],
+        "stage": [str(a) for a in cl.stage_args(stage_addr)],
     }
     for who, args in runs.items():
         p = subprocess.run(args, capture_output=True, text=True, timeout=scaled(60))
@@ -242,9 +238,7 @@ def test_a_stage_assigned_before_it_registers_keeps_its_layers(model, cluster_fa
     wait_until(lambda: cl.status()["state"] != "serving", scaled(5), "Status to leave serving")
     proxy = HeldProxy(cl.addr, hold=1.5)
     try:
-        new = Daemon("stage-new", [STAGE, "--coordinator", proxy.addr, "--listen", victim_addr,
-                                   "--model_root", cl.model_root, "--threads", "1", "--kv_mb",
-                                   "64", "--heartbeat_ms", "200", "--log_level", "info"],
+        new = Daemon("stage-new", cl.stage_args(victim_addr, coordinator=proxy.addr),
                      tmp_path / f"{cl.tag}-stage-new.log")
         cl.stages.append(new)
         cl.daemons.append(new)
