@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
 #include "model/sampler.h"
@@ -151,9 +152,14 @@ static void gen_message(void *ud, struct pp_rpc_stream *st, const uint8_t *data,
     pthread_mutex_lock(&co->mu);
     int32_t need = (req->n_prompt + req->max_tokens + co->kv_block_tokens - 1) /
                    (co->kv_block_tokens > 0 ? co->kv_block_tokens : 1);
+    int leaving = co_leaving(co);
     if (co->state != CO_SERVING || co->draining) {
         s = pp_error(PP_ERR_UNAVAILABLE, "%s", co->draining ? "the coordinator is stopping"
                                                             : co->state_reason);
+    } else if (leaving >= 0) {
+        s = pp_error(PP_ERR_UNAVAILABLE, "stage %d (%s) is leaving (%s): the pipeline finishes "
+                     "the requests it has and takes no new ones until a stage takes its place",
+                     leaving, co->stages[leaving].address, co->stages[leaving].leave_reason);
     } else if (need > co->kv_blocks_cap) {
         s = pp_error(PP_ERR_EXHAUSTED, "the request needs %d KV blocks (%d prompt + %d new "
                      "tokens); a stage holds at most %d", need, req->n_prompt, req->max_tokens,
@@ -240,7 +246,21 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
     pthread_mutex_lock(&co->mu);
     out.model = co->cfg.model;
     out.model_id = co->model_id;
+    char draining[sizeof(co->state_reason)];
+    int leaving = co_leaving(co);
+    double now = pp_clock_mono();
     out.state = co->state == CO_SERVING ? "serving" : co->state_reason;
+    if (co->state == CO_SERVING && (leaving >= 0 || co->draining)) {
+        if (leaving >= 0)
+            snprintf(draining, sizeof(draining), "draining: stage %d (%s) is leaving (%s); %d "
+                     "requests running, %d queued, at most %.1f s more", leaving,
+                     co->stages[leaving].address, co->stages[leaving].leave_reason, co->n_running,
+                     co->n_queued, co->stages[leaving].leave_by - now);
+        else
+            snprintf(draining, sizeof(draining), "draining: the coordinator is stopping; %d "
+                     "requests running, %d queued", co->n_running, co->n_queued);
+        out.state = draining;
+    }
     out.blocked = co->state != CO_SERVING && co->blocked;
     out.n_stages = (size_t)co->n_stages;
     out.stages = sp;
@@ -256,6 +276,8 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
         o->first_layer = s->first;
         o->last_layer = s->last;
         o->healthy = s->alive;
+        o->leaving = s->alive && s->leave_by > 0;
+        o->leaving_in_s = o->leaving && s->leave_by > now ? s->leave_by - now : 0.0;
         double wall = s->now.wall - s->then.wall;
         o->busy_fraction = rate(s->now.busy - s->then.busy, wall);
         if (o->busy_fraction > 1.0)

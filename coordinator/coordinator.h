@@ -51,6 +51,8 @@ struct co_stage {
     int32_t tp, ep;        /* its TP degree and expert groups (>= 1) */
     double last_seen;      /* monotonic seconds of the last heartbeat or registration */
     int alive;
+    double leave_by;       /* leaving (leave.c): the pipeline ends by then (monotonic); 0: not */
+    char leave_reason[64]; /* why it leaves, as it said ("SIGTERM") */
     /* assignment */
     int32_t first, last;   /* [first, last) */
     uint32_t kv_blocks, kv_block_tokens, max_seqs;
@@ -195,6 +197,14 @@ void co_check_stages(struct coordinator *co);
 /* Forgets stage i (with mu held); its channel is kept until exit. */
 void co_stage_drop(struct coordinator *co, int i);
 
+/* leave.c: a stopping stage's Leave calls, and the drain they start: no new requests, the
+ * accepted ones finish, then the pipeline goes down and the stage is dropped. */
+pp_status co_leave_add(struct coordinator *co);
+/* With mu held, from the tick: ends the drain once its requests are done or its time is over. */
+void co_check_leaving(struct coordinator *co);
+/* With mu held: the index of the stage the serving pipeline drains for (the first to go), or -1. */
+int co_leaving(const struct coordinator *co);
+
 /* ---- expert_load.c ---- */
 /* Keeps a checked copy of a heartbeat's expert load (replacing the previous one); co->mu held. */
 void co_stage_take_experts(struct co_stage *s, const Ppserve__V1__StageStats *in);
@@ -222,6 +232,9 @@ void co_fail_all(struct coordinator *co, pp_status st, const char *why);
 void co_check_deadlines(struct coordinator *co);
 /* Marks the pipeline down (once) and fails everything in it. */
 void co_pipeline_down(struct coordinator *co, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The same for an orderly end (a stage left after its drain): logged as info, not error. */
+void co_pipeline_retire(struct coordinator *co, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* request.c */

@@ -75,6 +75,7 @@ static void tick(struct coordinator *co)
 {
     pthread_mutex_lock(&co->mu);
     co_check_stages(co);
+    co_check_leaving(co);
     co_check_deadlines(co);
     double now = pp_clock_mono();
     if (now - co->rate_t0 >= 2.0) {
@@ -156,7 +157,8 @@ int main(int argc, char **argv)
     pp_status st;
     if ((st = pp_rpc_server_new(&so, &co->server)) != PP_OK ||
         (st = pp_rpc_health_add(co->server, &co->health)) != PP_OK ||
-        (st = co_registry_add(co)) != PP_OK || (st = co_client_api_add(co)) != PP_OK ||
+        (st = co_registry_add(co)) != PP_OK || (st = co_leave_add(co)) != PP_OK ||
+        (st = co_client_api_add(co)) != PP_OK ||
         (st = co_deliver_add(co)) != PP_OK || (st = pp_rpc_server_start(co->server, &co->port)) !=
                                                   PP_OK) {
         fprintf(stderr, "ppserve-coordinator: error: %s\n", pp_error_detail());
@@ -216,8 +218,6 @@ int main(int argc, char **argv)
     for (double t0 = pp_clock_mono(); pp_clock_mono() - t0 < (double)co->cfg.grace_ms / 1000.0;) {
         pthread_mutex_lock(&co->mu);
         int busy = co->n_running + co->n_queued;
-        if (co->state == CO_SERVING)
-            snprintf(co->state_reason, sizeof(co->state_reason), "draining");
         pthread_mutex_unlock(&co->mu);
         if (!busy)
             break;

@@ -411,22 +411,36 @@ void co_check_deadlines(struct coordinator *co)
         }
 }
 
-void co_pipeline_down(struct coordinator *co, const char *fmt, ...)
+static void pipeline_down(struct coordinator *co, enum pp_log_level level, const char *fmt,
+                          va_list ap)
 {
     if (co->state == CO_DOWN || co->state == CO_STOPPING)
         return;
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(co->state_reason, sizeof(co->state_reason), fmt, ap);
-    va_end(ap);
     co->state = CO_DOWN;
     snprintf(co->last_failure, sizeof(co->last_failure), "%.*s", (int)sizeof(co->last_failure) - 1,
              co->state_reason);
-    PP_ERROR("pipeline down: %s", co->state_reason);
+    PP_LOG(level, "pipeline down: %s", co->state_reason);
     pp_rpc_health_set(co->health, "", PP_HEALTH_NOT_SERVING);
     pp_rpc_health_set(co->health, "ppserve.v1.Ppserve", PP_HEALTH_NOT_SERVING);
     char why[sizeof(co->state_reason) + 32];
     snprintf(why, sizeof(why), "pipeline down: %s", co->state_reason);
     co_fail_all(co, PP_ERR_UNAVAILABLE, why);
     pthread_cond_broadcast(&co->cond);
+}
+
+void co_pipeline_down(struct coordinator *co, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    pipeline_down(co, PP_LOG_ERROR, fmt, ap);
+    va_end(ap);
+}
+
+void co_pipeline_retire(struct coordinator *co, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    pipeline_down(co, PP_LOG_INFO, fmt, ap);
+    va_end(ap);
 }

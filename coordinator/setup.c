@@ -80,7 +80,7 @@ static void wait_tick(struct coordinator *co)
 static void set_reason(struct coordinator *co, const char *doing)
 {
     if (co->last_failure[0])
-        snprintf(co->state_reason, sizeof(co->state_reason), "%s; the last pipeline failed: %s",
+        snprintf(co->state_reason, sizeof(co->state_reason), "%s; the last pipeline ended: %s",
                  doing, co->last_failure);
     else
         snprintf(co->state_reason, sizeof(co->state_reason), "%s", doing);

@@ -244,7 +244,7 @@ pp_status pp_stage_assign_handler(void *ud, const ProtobufCMessage *req, struct 
 {
     struct pp_stage *s = ud;
     const Ppserve__V1__Assignment *m = (const Ppserve__V1__Assignment *)req;
-    if (atomic_load(&s->draining))
+    if (atomic_load(&s->draining) || atomic_load(&s->leaving))
         return pp_error(PP_ERR_UNAVAILABLE, "this stage is shutting down");
     char path[PATH_MAX], id[PP_MODEL_ID_LEN];
     int32_t n_layers = 0;

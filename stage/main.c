@@ -1,8 +1,9 @@
 /* ppserve-stage: a pipeline stage. It reads its configuration (file, then flags), serves
  * ppserve.v1.Stage and grpc.health.v1.Health, measures its speed, registers with the coordinator
  * and waits for an assignment; microbatches then flow in on Forward streams and out to the next
- * hop. SIGTERM or SIGINT drains it: health NOT_SERVING, no new microbatches, the queued ones finish
- * within grace_ms, the hop closes, the server stops, exit 0. */
+ * hop. SIGTERM or SIGINT drains it within grace_ms: health NOT_SERVING; the coordinator is asked to
+ * let the stage leave and finishes the pipeline's requests meanwhile (leave.c); then no new
+ * microbatches, the queued ones finish, the hop closes, the server stops, exit 0. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,13 +114,16 @@ static int ms_left(double deadline, int floor_ms)
 
 /* Drains and stops everything main started, each step bounded by the grace period or its own
  * deadline. */
-static void shutdown_stage(struct pp_stage *s)
+/* sig: the signal that stops it (0: a failed start); sigs: those that cut the leave short. */
+static void shutdown_stage(struct pp_stage *s, int sig, const sigset_t *sigs)
 {
     double deadline = pp_clock_mono() + (double)s->cfg.grace_ms / 1000.0;
     if (s->health) {
         pp_rpc_health_set(s->health, "", PP_HEALTH_NOT_SERVING);
         pp_rpc_health_set(s->health, "ppserve.v1.Stage", PP_HEALTH_NOT_SERVING);
     }
+    if (sig)
+        pp_stage_leave(s, deadline, sig == SIGTERM ? "SIGTERM" : "SIGINT", sigs);
     atomic_store(&s->draining, 1);
     if (!pp_stage_queue_wait_idle(s, deadline))
         PP_WARN("drain: grace_ms=%lld over with %zu microbatches queued: they are dropped",
@@ -239,7 +243,7 @@ int main(int argc, char **argv)
                 "activations are mapped afresh (slower hops)");
 
     context_init(s);
-    int rc = 0;
+    int rc = 0, sig = 0;
     if ((st = serve(s)) != PP_OK) {
         PP_ERROR("cannot serve: listen=%s detail=\"%s\"", s->cfg.listen, pp_error_detail());
         rc = 1;
@@ -260,13 +264,12 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
         ;
     PP_INFO("stopping: signal=%s grace_ms=%lld", sig == SIGTERM ? "SIGTERM" : "SIGINT",
             (long long)s->cfg.grace_ms);
 out:
-    shutdown_stage(s);
+    shutdown_stage(s, sig, &sigs);
     if (rc == 0)
         PP_INFO("stopped");
     context_free(s);

@@ -2,7 +2,8 @@
  * answers), then sends a heartbeat with the stage's counters every heartbeat_ms. A coordinator that
  * answers a heartbeat with `unknown` has restarted: the stage registers again. Failures are logged
  * (the first, then every 10th) and never fatal. Every call has a deadline, so stopping the thread
- * takes at most one deadline. */
+ * takes at most one deadline. Once the stage leaves (SIGTERM), a registered stage's heartbeats give
+ * way to Leave calls (leave.c), and the thread never registers again. */
 #include <stdio.h>
 #include <string.h>
 
@@ -18,16 +19,22 @@
 static const char *const REGISTER_METHOD = "/ppserve.v1.Coordinator/RegisterStage";
 static const char *const HEARTBEAT_METHOD = "/ppserve.v1.Coordinator/Heartbeat";
 
-/* Sleeps ms unless the thread is told to stop; returns 0 once it must stop. */
-static int ctl_sleep(struct pp_stage *s, int64_t ms)
+int pp_stage_ctl_sleep(struct pp_stage *s, int64_t ms, int wake_on_leave)
 {
     double deadline = pp_clock_mono() + (double)ms / 1000.0;
     pthread_mutex_lock(&s->ctl_mu);
-    while (!s->ctl_stop && pp_stage_cond_wait_until(&s->ctl_cv, &s->ctl_mu, deadline))
+    while (!s->ctl_stop && !(wake_on_leave && atomic_load(&s->leaving)) &&
+           pp_stage_cond_wait_until(&s->ctl_cv, &s->ctl_mu, deadline))
         ;
-    int go_on = !s->ctl_stop;
+    int go_on = !s->ctl_stop && !(wake_on_leave && atomic_load(&s->leaving));
     pthread_mutex_unlock(&s->ctl_mu);
     return go_on;
+}
+
+/* Sleeps ms unless the thread is told to stop or leave; returns 0 once it must. */
+static int ctl_sleep(struct pp_stage *s, int64_t ms)
+{
+    return pp_stage_ctl_sleep(s, ms, 1);
 }
 
 static int ctl_stopped(struct pp_stage *s)
@@ -130,7 +137,7 @@ static void fill_stats(struct pp_stage *s, Ppserve__V1__StageStats *st, char *ho
 }
 
 /* Heartbeats until the coordinator forgets this stage (returns 1: register again) or the thread
- * must stop (returns 0). */
+ * must stop or leave (returns 0). */
 static int heartbeat_loop(struct pp_stage *s, struct pp_rpc_channel **ch)
 {
     uint64_t failures = 0;
@@ -185,9 +192,22 @@ static void *control_main(void *arg)
     struct pp_rpc_channel *ch = NULL;
     if (pp_rpc_channel_new(s->cfg.coordinator, &ch) != PP_OK)
         PP_ERROR("coordinator channel: %s", pp_error_detail());
-    while (!ctl_stopped(s) && register_loop(s, &ch) && heartbeat_loop(s, &ch))
-        ;
+    int registered = 0;
+    while (!ctl_stopped(s) && !atomic_load(&s->leaving)) {
+        if (!registered && !(registered = register_loop(s, &ch)))
+            break;
+        if (!heartbeat_loop(s, &ch))
+            break;
+        registered = 0; /* forgotten (the coordinator restarted): register again */
+    }
+    /* a stage the coordinator does not know has nothing to leave */
+    if (registered && atomic_load(&s->leaving) && !ctl_stopped(s))
+        pp_stage_leave_loop(s, ch);
     pp_rpc_channel_free(ch);
+    pthread_mutex_lock(&s->ctl_mu);
+    s->left = 1;
+    pthread_cond_broadcast(&s->ctl_cv);
+    pthread_mutex_unlock(&s->ctl_mu);
     return NULL;
 }
 

@@ -8,7 +8,8 @@
  *     (recv.c), which reassemble microbatches and push them on the queue.
  *   - rpc client thread (common/rpc): callbacks of the outgoing hop (send.c).
  *   - "compute" (compute.c): pops the queue, drives the executor, sends acks and the next hop.
- *   - "control" (register.c): RegisterStage, then Heartbeat every heartbeat_ms.
+ *   - "control" (register.c): RegisterStage, then Heartbeat every heartbeat_ms; once the stage
+ *     stops, Leave calls until the coordinator lets it go (leave.c).
  *
  * Locks, in the order they may nest (never the other way):
  *   assign_mu → mu → info_mu / q_mu / stats_mu (leaves; q_mu may call into a stream's own lock).
@@ -24,6 +25,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -187,6 +189,11 @@ struct pp_stage {
     pthread_cond_t ctl_cv;
     int ctl_stop;
     uint64_t stage_id; /* control thread */
+    /* leaving (leave.c): set by main, under ctl_mu; leaving is also read without it (Assign) */
+    _Atomic int leaving;
+    double leave_deadline; /* ctl_mu: monotonic seconds by which the stage stops */
+    char leave_reason[16]; /* ctl_mu: "SIGTERM" or "SIGINT" */
+    int left;              /* ctl_mu: the control thread is done with the coordinator */
 
     pthread_mutex_t stats_mu;
     double busy_seconds;
@@ -222,6 +229,21 @@ pp_status pp_stage_probe(const struct pp_device_spec *devices, int threads, int 
 pp_status pp_stage_control_start(struct pp_stage *s);
 /* Stops it; returns within one call deadline (2 s). */
 void pp_stage_control_stop(struct pp_stage *s);
+
+/* The control thread's wait: ms, or less once it must stop, or (wake_on_leave) once the stage
+ * leaves; returns 0 once it must stop or (wake_on_leave) leave. */
+int pp_stage_ctl_sleep(struct pp_stage *s, int64_t ms, int wake_on_leave);
+
+/* ---- leave.c: the orderly exit ---- */
+/* Main thread, on SIGTERM/SIGINT while the control thread runs: asks it to leave (reason: the
+ * signal's name) and waits until the coordinator lets the stage go, the coordinator cannot be
+ * reached, deadline (monotonic seconds) passes, or another of sigs arrives. Meanwhile the stage
+ * goes on computing the pipeline's microbatches. */
+void pp_stage_leave(struct pp_stage *s, double deadline, const char *reason,
+                    const sigset_t *sigs);
+/* Control thread, registered and told to leave: calls Leave until the answer is done or a call
+ * fails (or the thread must stop). */
+void pp_stage_leave_loop(struct pp_stage *s, struct pp_rpc_channel *ch);
 
 /* ---- assign.c ---- */
 pp_status pp_stage_assign_handler(void *ud, const ProtobufCMessage *req, struct pp_buf *resp);

@@ -90,8 +90,10 @@ void pp_remote_status_print(FILE *f, const Ppserve__V1__StatusResponse *s)
         snprintf(kv, sizeof(kv), "%u/%u", g->kv_blocks_used, g->kv_blocks_total);
         snprintf(busy, sizeof(busy), "%.0f%%", g->busy_fraction * 100.0);
         snprintf(deg, sizeof(deg), "%u/%u", g->tp ? g->tp : 1, g->ep ? g->ep : 1);
+        /* leaving: it stops once the pipeline's requests are done (at most leaving_in_s) */
+        const char *health = !g->healthy ? "NO" : g->leaving ? "leaving" : "yes";
         fprintf(f, "%-5u  %-*s  %-11s  %-5s  %-7s  %5s  %5u  %10s  %10s  %13s  %9.1f  %14s\n",
-                g->index, aw, str_or(g->address, "-"), layers, deg, g->healthy ? "yes" : "NO",
+                g->index, aw, str_or(g->address, "-"), layers, deg, health,
                 busy, g->queue_depth, pp_remote_human_bytes(g->bytes_in, in, sizeof(in)),
                 pp_remote_human_bytes(g->bytes_out, out, sizeof(out)), kv, g->tokens_per_s,
                 pp_remote_human_bytes((uint64_t)(g->bytes_reduced_per_token + 0.5), red,
@@ -146,6 +148,9 @@ void pp_remote_status_print_json(FILE *f, const Ppserve__V1__StatusResponse *s)
         json_int(&j, "last_layer", g->last_layer);
         pp_json_key(&j, "healthy");
         pp_json_bool(&j, g->healthy);
+        pp_json_key(&j, "leaving");
+        pp_json_bool(&j, g->leaving);
+        json_double(&j, "leaving_in_s", g->leaving_in_s);
         json_double(&j, "busy_fraction", g->busy_fraction);
         json_int(&j, "queue_depth", g->queue_depth);
         /* uint64 counters: below 2^63 for any real run */
