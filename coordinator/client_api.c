@@ -305,7 +305,7 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
         busy_sum += o->busy_fraction;
         worked |= o->busy_fraction > 0 || s->now.tokens > s->then.tokens;
     }
-    out.idle = co->n_stages > 0 && !worked;
+    out.idle = !worked; /* with no stages too: nothing computed */
     out.bubble_fraction = co->n_stages > 0 && worked ? 1.0 - busy_sum / co->n_stages : 0.0;
     out.requests_running = (uint32_t)co->n_running;
     out.requests_queued = (uint32_t)co->n_queued;

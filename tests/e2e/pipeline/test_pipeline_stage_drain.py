@@ -179,6 +179,7 @@ def test_a_stage_outside_a_pipeline_leaves_at_once(model, cluster_factory):
     assert time.monotonic() - t0 < scaled(3)
     st = cl.status()
     assert len(st["stages"]) == 1 and st["state"].startswith("waiting for stages: 1 of 3"), st
+    assert st["idle"] is True and st["bubble_fraction"] == 0, st
     assert "stage left index=" in cl.coordinator.text()
 
 
