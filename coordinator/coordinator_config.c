@@ -30,6 +30,8 @@ const struct pp_cfg_key pp_coordinator_config_keys[] = {
     KEY("request_timeout_ms", PP_CFG_INT, request_timeout_ms, 100, 86400000, "longest request"),
     KEY("stage_timeout_ms", PP_CFG_INT, stage_timeout_ms, 100, 600000,
         "silence that marks a stage dead"),
+    KEY("failover_wait_ms", PP_CFG_INT, failover_wait_ms, 0, 3600000,
+        "how long accepted requests wait for a failed pipeline to form again (0: they fail)"),
     KEY("grace_ms", PP_CFG_INT, grace_ms, 0, 600000, "drain time on SIGTERM"),
     KEY("log_level", PP_CFG_STRING, log_level, 0, 0, "debug | info | warn | error"),
 };
@@ -48,6 +50,7 @@ void pp_coordinator_config_defaults(struct pp_coordinator_config *c)
     c->default_max_tokens = 128;
     c->request_timeout_ms = 600000;
     c->stage_timeout_ms = 3000;
+    c->failover_wait_ms = 30000;
     c->grace_ms = 10000;
 }
 

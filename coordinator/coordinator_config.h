@@ -19,6 +19,8 @@ struct pp_coordinator_config {
     int64_t default_max_tokens;   /* when a request asks for 0 */
     int64_t request_timeout_ms;   /* longest a request may run */
     int64_t stage_timeout_ms;     /* a stage silent this long is declared dead */
+    int64_t failover_wait_ms;     /* accepted requests wait this long for a failed pipeline to
+                                   * form again, then fail (0: at once) */
     int64_t grace_ms;             /* drain time on SIGTERM */
     char log_level[PP_CFG_STR_MAX];
 };

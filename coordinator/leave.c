@@ -1,9 +1,10 @@
 /* A stage's orderly exit. A stopping stage (SIGTERM) calls Leave and calls again until it is told
  * done. While the pipeline serves, the first call starts a drain: health NOT_SERVING, new requests
  * refused with UNAVAILABLE, the accepted ones (running and queued) go on. The tick ends the drain
- * when they are all done, or when the stage's time is nearly over (the rest then fail with
- * UNAVAILABLE): the pipeline goes down, the stage is marked gone and dropped by the main thread,
- * and its next call is answered done. A stage outside a serving pipeline is let go at once. Leave
+ * when they are all done, or when the stage's time is nearly over (the rest then wait for the next
+ * pipeline, as after a failure; or fail with UNAVAILABLE without failover): the pipeline goes
+ * down, the stage is marked gone and dropped by the main thread, and its next call is answered
+ * done. A stage outside a serving pipeline is let go at once. Leave
  * calls count as heartbeats, so a stage that dies while it drains is still noticed. */
 #include <stdio.h>
 #include <string.h>
@@ -30,7 +31,8 @@ int co_leaving(const struct coordinator *co)
 }
 
 /* A stage outside a serving pipeline goes at once (mu held): forgotten while the coordinator waits
- * for stages; otherwise marked gone, for the main thread to drop (only it changes the list then). */
+ * for stages; otherwise marked gone, for the main thread to drop (only it changes the list
+ * then). */
 static void let_go(struct coordinator *co, int i, const char *reason)
 {
     struct co_stage *s = &co->stages[i];

@@ -217,7 +217,8 @@ int main(int argc, char **argv)
     /* let running requests finish within the grace period; new ones are refused meanwhile */
     for (double t0 = pp_clock_mono(); pp_clock_mono() - t0 < (double)co->cfg.grace_ms / 1000.0;) {
         pthread_mutex_lock(&co->mu);
-        int busy = co->n_running + co->n_queued;
+        /* requests waiting for a new pipeline (failover) will not get one now */
+        int busy = co->state == CO_SERVING ? co->n_running + co->n_queued : 0;
         pthread_mutex_unlock(&co->mu);
         if (!busy)
             break;

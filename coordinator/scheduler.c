@@ -7,7 +7,13 @@
  * max_in_flight (>= P) microbatches in the pipeline and spreads the waiting tokens over the free
  * slots (each microbatch up to max_batch_tokens), so that P stages always have work. Admission
  * reserves a sequence's whole KV (prompt + max_tokens) on every stage up front, so a stage never
- * runs out of blocks mid-generation. */
+ * runs out of blocks mid-generation.
+ *
+ * Failover: when the pipeline goes down, the requests it had accepted wait for the next one (up to
+ * failover_wait_ms). A request that was running is then prefilled again with its prompt and the
+ * tokens it has generated (prefill_end), and its last position samples the next token with the
+ * same (seed, step) and history as before, so the client's stream goes on with the tokens of an
+ * undisturbed run: none lost, none repeated. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -73,6 +79,7 @@ static void request_done(struct coordinator *co, struct co_request *req, pp_stat
 void co_request_enqueue(struct coordinator *co, struct co_request *req)
 {
     req->seq_id = ++co->next_seq_id;
+    req->prefill_end = req->n_prompt;
     req->state = CO_REQ_QUEUED;
     req->t_arrival = pp_clock_mono();
     req->deadline = req->t_arrival + (double)co->cfg.request_timeout_ms / 1000.0;
@@ -93,10 +100,35 @@ void co_request_client_gone(struct coordinator *co, struct co_request *req)
     co_schedule(co);
 }
 
+/* A request held through a failover, against the pipeline formed since: it may hold less KV or a
+ * shorter context than the one the request was accepted by. Fails the request when it no longer
+ * fits. */
+static int fits_again(struct coordinator *co, struct co_request *req)
+{
+    char why[256];
+    pp_status st = PP_OK;
+    if (req->kv_blocks > co->kv_blocks_cap) {
+        snprintf(why, sizeof(why), "the pipeline formed again with room for %d KV blocks per "
+                 "sequence; this request needs %d", co->kv_blocks_cap, req->kv_blocks);
+        st = PP_ERR_EXHAUSTED;
+    } else if (req->prefill_end >= co->max_context) {
+        snprintf(why, sizeof(why), "the pipeline formed again with a context of %d tokens; this "
+                 "request holds %d already", co->max_context, req->prefill_end);
+        st = PP_ERR_OUT_OF_RANGE;
+    }
+    if (st == PP_OK)
+        return 1;
+    request_done(co, req, st, why);
+    maybe_retire(co, req);
+    return 0;
+}
+
 static void admit(struct coordinator *co)
 {
     while (co->queued.next != &co->queued) {
         struct co_request *req = co->queued.next;
+        if (req->failovers && !fits_again(co, req))
+            continue; /* failed: the next one */
         if (co->n_running >= co->max_seqs ||
             co->kv_blocks_reserved + req->kv_blocks > co->kv_blocks_cap)
             return;
@@ -189,7 +221,7 @@ static int form_one(struct coordinator *co, int decode_cap, int32_t prefill_budg
     int n = 0, n_decode = 0;
     int32_t used = 0, max = (int32_t)co->cfg.max_batch_tokens;
     for (struct co_request *r = co->running.next; r != &co->running && used < max; r = r->next) {
-        if (r->n_fed < r->n_prompt || pending(r) <= 0 || n_decode >= decode_cap)
+        if (r->n_fed < r->prefill_end || pending(r) <= 0 || n_decode >= decode_cap)
             continue;
         parts[n].req = r;
         parts[n].want_logits = 1;
@@ -199,7 +231,7 @@ static int form_one(struct coordinator *co, int decode_cap, int32_t prefill_budg
     }
     int32_t limit = used + prefill_budget < max ? used + prefill_budget : max;
     for (struct co_request *r = co->running.next; r != &co->running && used < limit; r = r->next) {
-        if (r->n_fed >= r->n_prompt || n >= cap)
+        if (r->n_fed >= r->prefill_end || n >= cap)
             continue;
         int32_t k = pending(r) < limit - used ? pending(r) : limit - used;
         parts[n].req = r;
@@ -249,7 +281,7 @@ void co_schedule(struct coordinator *co)
         int64_t prefill = 0;
         int decoding = 0, decode_ready = 0;
         for (struct co_request *r = co->running.next; r != &co->running; r = r->next) {
-            if (r->n_fed < r->n_prompt) {
+            if (r->n_fed < r->prefill_end) {
                 prefill += pending(r);
             } else {
                 decoding++;
@@ -394,9 +426,64 @@ void co_fail_all(struct coordinator *co, pp_status st, const char *why)
     co->n_in_flight = 0;
 }
 
+void co_hold_all(struct coordinator *co)
+{
+    for (int i = 0; i < co->n_in_flight; i++)
+        finish_microbatch(co, &co->in_flight[i]);
+    co->n_in_flight = 0;
+    /* the running ones go first, in their order, ahead of those that were waiting */
+    int held = 0;
+    while (co->running.prev != &co->running) {
+        struct co_request *r = co->running.prev;
+        list_remove(r);
+        co->n_running--;
+        /* the stages' copies of its KV go with the old pipeline (a new assignment starts empty),
+         * and so does its reservation; a new sequence id keeps a late Release of the old one from
+         * touching it */
+        r->kv_reserved = 0;
+        r->seq_id = ++co->next_seq_id;
+        r->n_fed = 0;
+        r->in_flight = 0;
+        r->prefill_end = r->n_prompt + r->n_gen;
+        r->failovers++;
+        r->state = CO_REQ_QUEUED;
+        r->prev = &co->queued;
+        r->next = co->queued.next;
+        co->queued.next->prev = r;
+        co->queued.next = r;
+        co->n_queued++;
+        held++;
+    }
+    for (struct co_request *r = co->queued.next; r != &co->queued; r = r->next)
+        if (!r->failovers)
+            r->failovers = 1; /* queued before the failure: checked again at admission too */
+    if (co->n_queued > 0 && co->hold_until == 0) {
+        co->hold_until = pp_clock_mono() + (double)co->cfg.failover_wait_ms / 1000.0;
+        snprintf(co->hold_reason, sizeof(co->hold_reason), "%.*s",
+                 (int)sizeof(co->hold_reason) - 1, co->state_reason);
+        PP_INFO("failover: %d requests (%d of them running) wait up to %.1f s for the pipeline to "
+                "form again", co->n_queued, held, (double)co->cfg.failover_wait_ms / 1000.0);
+    }
+}
+
 void co_check_deadlines(struct coordinator *co)
 {
     double now = pp_clock_mono();
+    if (co->hold_until > 0 && co->state != CO_SERVING && now > co->hold_until) {
+        char why[sizeof(co->hold_reason) + sizeof(co->last_failure) + 128];
+        if (strcmp(co->hold_reason, co->last_failure) != 0)
+            snprintf(why, sizeof(why), "pipeline down: %s (it did not form again within "
+                     "failover_wait_ms=%lld; the last attempt: %s)", co->hold_reason,
+                     (long long)co->cfg.failover_wait_ms, co->last_failure);
+        else
+            snprintf(why, sizeof(why), "pipeline down: %s (it did not form again within "
+                     "failover_wait_ms=%lld)", co->hold_reason,
+                     (long long)co->cfg.failover_wait_ms);
+        PP_WARN("failover: %d requests waited %.1f s for a new pipeline: they fail", co->n_queued,
+                (double)co->cfg.failover_wait_ms / 1000.0);
+        co->hold_until = 0;
+        co_fail_all(co, PP_ERR_UNAVAILABLE, why);
+    }
     struct co_request *heads[2] = {&co->running, &co->queued};
     for (int h = 0; h < 2; h++)
         for (struct co_request *r = heads[h]->next, *nx; r != heads[h]; r = nx) {
@@ -425,7 +512,10 @@ static void pipeline_down(struct coordinator *co, enum pp_log_level level, const
     pp_rpc_health_set(co->health, "ppserve.v1.Ppserve", PP_HEALTH_NOT_SERVING);
     char why[sizeof(co->state_reason) + 32];
     snprintf(why, sizeof(why), "pipeline down: %s", co->state_reason);
-    co_fail_all(co, PP_ERR_UNAVAILABLE, why);
+    if (co->cfg.failover_wait_ms > 0 && !co->draining)
+        co_hold_all(co);
+    else
+        co_fail_all(co, PP_ERR_UNAVAILABLE, why);
     pthread_cond_broadcast(&co->cond);
 }
 

@@ -73,6 +73,7 @@ static void wait_tick(struct coordinator *co)
     }
     pthread_cond_timedwait(&co->cond, &co->mu, &ts);
     co_check_stages(co);
+    co_check_deadlines(co); /* requests waiting for a new pipeline have their limits too */
 }
 
 /* Sets the not-serving reason (mu held): what the coordinator does now, and, after a failure,
@@ -316,6 +317,7 @@ pp_status co_setup_pipeline(struct coordinator *co)
     }
     if (st == PP_OK) {
         co->state = CO_SERVING;
+        co->hold_until = 0; /* the requests that waited are admitted first (co_schedule) */
         co->last_failure[0] = '\0';
         snprintf(co->state_reason, sizeof(co->state_reason), "serving");
         co->rate_t0 = pp_clock_mono();

@@ -1,7 +1,8 @@
 /* The orderly exit (SIGTERM, SIGINT). Before it stops taking microbatches, a stage that is part of
  * a pipeline asks the coordinator to let it leave (Leave) and goes on computing while the
  * coordinator finishes the requests it has; it asks again every LEAVE_POLL_MS until the answer is
- * done. Then main.c's shutdown runs: no new microbatches, the queue drains, the hops close in order.
+ * done. Then main.c's shutdown runs: no new microbatches, the queue drains, the hops close in
+ * order.
  * Without a coordinator (it does not answer, or does not know Leave) the stage stops at once, as
  * it did before Leave existed; the stage's grace_ms bounds the whole wait either way. */
 #include <signal.h>

@@ -127,7 +127,7 @@ FAULTS = [(f, i) for f in ("kill", "stop") for i in range(STAGES)] + [("cut", 1)
                          ids=[f"{f}-{['first', 'middle', 'last'][i]}" for f, i in FAULTS])
 def test_stage_failure_is_unavailable(lab, cluster_factory, long_model, fault, index):
     cl = netns_cluster(cluster_factory, lab, long_model,
-                       coord_flags=("--stage_timeout_ms", "1500"))
+                       coord_flags=("--stage_timeout_ms", "1500", "--failover_wait_ms", "0"))
     proc = lab.generate(cl.addr, long_request(), timeout=120)
     s = Stream(proc)
     try:

@@ -116,10 +116,12 @@ def test_a_stopping_stage_lets_the_running_request_finish(model, cluster_factory
 
 
 def test_a_stage_whose_grace_runs_out_fails_what_is_left(model, cluster_factory):
-    """grace_ms shorter than the request: the request fails with UNAVAILABLE saying why, in time
-    for the stage to stop within its grace period."""
+    """grace_ms shorter than the request, and no failover: the request fails with UNAVAILABLE
+    saying why, in time for the stage to stop within its grace period (with failover it waits for
+    the next pipeline instead: test_pipeline_failover.py)."""
     grace_s = 1.0
-    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS),
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS,
+                                                       "--failover_wait_ms", 0),
                          stage_flags=("--grace_ms", int(grace_s * 1000)))
     ids, end, th = start_stream(cl, 4000)
     wait_until(lambda: len(ids) >= 5, scaled(30), "the first tokens")
@@ -141,7 +143,8 @@ def test_a_stage_whose_grace_runs_out_fails_what_is_left(model, cluster_factory)
 
 
 def test_a_second_signal_stops_the_stage_at_once(model, cluster_factory):
-    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS),
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS,
+                                                       "--failover_wait_ms", 0),
                          stage_flags=("--grace_ms", 60000))
     ids, end, th = start_stream(cl, 4000)
     wait_until(lambda: len(ids) >= 5, scaled(30), "the first tokens")

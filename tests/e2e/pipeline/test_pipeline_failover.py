@@ -1,0 +1,150 @@
+"""Failover: when a stage dies in the middle of generations, the requests the pipeline had accepted
+wait for it to form again (failover_wait_ms) and then go on, prefilled again with their prompt and
+the tokens they had generated, so each client's stream carries exactly the tokens of an
+undisturbed run, greedy and sampled alike. A pipeline that does not come back in time fails them
+with UNAVAILABLE saying so; new requests are refused while it is down."""
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+
+from cluster import LONG_FLAGS, Daemon, scaled, wait_until
+
+pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
+
+TIMEOUT_MS = 1500  # the coordinator's stage_timeout_ms
+N = 600
+REQUESTS = [  # (prompt, sampling): greedy, and sampled with a repetition penalty (history)
+    ([1, 33, 66, 99, 132, 165, 198, 231], {}),
+    ([5, 6, 7], dict(temperature=0.9, top_k=40, top_p=0.95, repeat_penalty=1.15, seed=1234)),
+]
+
+
+@pytest.fixture(scope="module")
+def model(models):
+    return models.get("pipe6long", *LONG_FLAGS)
+
+
+class Stream:
+    """One generation read by a thread: ids so far, and end (code, details, at) once over."""
+
+    def __init__(self, client, prompt, sampling, n):
+        self.ids, self.end = [], {}
+        self.call = client.stream(client.request(prompt_ids=prompt, max_tokens=n, **sampling),
+                                  timeout=scaled(120))
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            for r in self.call:
+                self.ids.extend(r.ids)
+            self.end.update(code="OK", details="", at=time.monotonic())
+        except grpc.RpcError as e:
+            self.end.update(code=e.code().name, details=e.details(), at=time.monotonic())
+
+    def join(self, timeout):
+        self.thread.join(timeout)
+        assert self.end, f"the generation did not end within {timeout:.0f} s"
+        return self.end
+
+
+def references(c):
+    out = []
+    for prompt, sampling in REQUESTS:
+        r = c.generate(c.request(prompt_ids=prompt, max_tokens=N, **sampling), timeout=120)
+        assert r.code.name == "OK" and len(r.ids) == N, r
+        out.append(r.ids)
+    assert out[0] != out[1]
+    return out
+
+
+def add_stage(cl, tmp_path, name="stage-new"):
+    d = Daemon(name, cl.stage_args("127.0.0.1:0"), tmp_path / f"{cl.tag}-{name}.log")
+    cl.stages.append(d)
+    cl.daemons.append(d)
+    return d
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["first", "last"])
+def test_requests_survive_a_killed_stage(model, cluster_factory, tmp_path, index):
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS))
+    c = cl.client()
+    want = references(c)
+    streams = [Stream(c, p, s, N) for p, s in REQUESTS]
+    wait_until(lambda: all(len(s.ids) >= 5 for s in streams), scaled(30), "the first tokens")
+    victim = cl.stage_daemon(index)
+    victim.expect_death = True
+    victim.signal(signal.SIGKILL)
+    victim.proc.wait(scaled(10))
+    at_kill = [len(s.ids) for s in streams]
+    t0 = time.monotonic()
+
+    # while the pipeline is down, accepted requests wait, new ones are refused at once
+    wait_until(lambda: cl.status()["state"] != "serving", scaled(10), "the pipeline to go down")
+    fresh = c.generate(c.request(prompt_ids=[1, 2, 3], max_tokens=4), timeout=10)
+    assert fresh.code.name == "UNAVAILABLE" and fresh.ids == [], fresh
+    assert all(not s.end for s in streams), [s.end for s in streams]
+    assert cl.status()["requests_queued"] == 2
+
+    add_stage(cl, tmp_path)
+    for s, w in zip(streams, want):
+        end = s.join(scaled(120))
+        assert end["code"] == "OK", (end, len(s.ids))
+        assert s.ids == w, "tokens lost, repeated or changed across the failover"
+    took = max(s.end["at"] for s in streams) - t0
+    print(f"stage {index} killed after {at_kill} tokens; both generations done {took:.2f} s later")
+    text = cl.coordinator.text()
+    assert "failover: 2 requests (2 of them running) wait up to 30.0 s" in text, text[-3000:]
+    assert cl.status()["state"] == "serving"
+    again = c.generate(c.request(prompt_ids=REQUESTS[0][0], max_tokens=12), timeout=60)
+    assert again.code.name == "OK" and again.ids == want[0][:12], again
+
+
+def test_requests_fail_when_no_pipeline_forms_in_time(model, cluster_factory):
+    wait_ms = 1500
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS,
+                                                       "--failover_wait_ms", wait_ms))
+    c = cl.client()
+    s = Stream(c, REQUESTS[0][0], {}, 4000)
+    wait_until(lambda: len(s.ids) >= 5, scaled(30), "the first tokens")
+    victim = cl.stage_daemon(1)
+    victim.expect_death = True
+    victim.signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    end = s.join(scaled(60))
+    took = end["at"] - t0
+    print(f"failed {took:.2f} s after the kill: {end}")
+    assert end["code"] == "UNAVAILABLE", end
+    assert f"did not form again within failover_wait_ms={wait_ms}" in end["details"], end
+    assert "stage" in end["details"], end
+    assert wait_ms / 1000 <= took < scaled(wait_ms / 1000 + 5), took
+    assert "failover: 1 requests waited 1.5 s for a new pipeline: they fail" in \
+        cl.coordinator.text()
+
+
+def test_a_leaving_stage_whose_grace_runs_out_hands_its_requests_over(model, cluster_factory,
+                                                                      tmp_path):
+    """A stage stopped with a grace period shorter than the generation: the drain ends with the
+    request unfinished, which then waits for the stage that takes the leaver's place."""
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS),
+                         stage_flags=("--grace_ms", 1000))
+    c = cl.client()
+    n = 2000
+    want = c.generate(c.request(prompt_ids=REQUESTS[0][0], max_tokens=n), timeout=120)
+    assert want.code.name == "OK" and len(want.ids) == n, want
+    s = Stream(c, REQUESTS[0][0], {}, n)
+    wait_until(lambda: len(s.ids) >= 5, scaled(30), "the first tokens")
+    victim = cl.stage_daemon(1)
+    victim.expect_death = True
+    victim.signal(signal.SIGTERM)
+    assert victim.proc.wait(scaled(10)) == 0
+    assert not s.end and len(s.ids) < n, (s.end, len(s.ids))
+    add_stage(cl, tmp_path)
+    end = s.join(scaled(120))
+    assert end["code"] == "OK" and s.ids == want.ids, (end, len(s.ids))
+    text = cl.coordinator.text()
+    assert "grace period ended with 1 requests unfinished" in text, text[-3000:]
+    assert "failover: 1 requests (1 of them running)" in text, text[-3000:]
