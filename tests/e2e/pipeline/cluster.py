@@ -241,6 +241,32 @@ def collect(call, pb):
     return res
 
 
+class BackgroundGeneration:
+    """One generation read by a thread while a test acts: ids so far, and end (code, details, and
+    the monotonic time it ended at) once it is over."""
+
+    def __init__(self, client, n, prompt_ids, timeout=120.0, **sampling):
+        self.ids, self.end = [], {}
+        self.call = client.stream(client.request(prompt_ids=prompt_ids, max_tokens=n, **sampling),
+                                  timeout=timeout)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            for r in self.call:
+                self.ids.extend(r.ids)
+            self.end.update(code="OK", details="", at=time.monotonic())
+        except grpc.RpcError as e:
+            self.end.update(code=e.code().name, details=e.details(), at=time.monotonic())
+
+    def join(self, timeout):
+        """Waits for the end (seconds, scaled); returns it."""
+        self.thread.join(scaled(timeout))
+        assert self.end, f"the generation did not end within {scaled(timeout):.0f} s"
+        return self.end
+
+
 def status_dict(msg):
     """A StatusResponse as a dict with proto field names and every default present."""
     from google.protobuf import json_format

@@ -4,13 +4,11 @@ the tokens they had generated, so each client's stream carries exactly the token
 undisturbed run, greedy and sampled alike. A pipeline that does not come back in time fails them
 with UNAVAILABLE saying so; new requests are refused while it is down."""
 import signal
-import threading
 import time
 
-import grpc
 import pytest
 
-from cluster import LONG_FLAGS, Daemon, scaled, wait_until
+from cluster import LONG_FLAGS, BackgroundGeneration, Daemon, scaled, wait_until
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
 
@@ -25,30 +23,6 @@ REQUESTS = [  # (prompt, sampling): greedy, and sampled with a repetition penalt
 @pytest.fixture(scope="module")
 def model(models):
     return models.get("pipe6long", *LONG_FLAGS)
-
-
-class Stream:
-    """One generation read by a thread: ids so far, and end (code, details, at) once over."""
-
-    def __init__(self, client, prompt, sampling, n):
-        self.ids, self.end = [], {}
-        self.call = client.stream(client.request(prompt_ids=prompt, max_tokens=n, **sampling),
-                                  timeout=scaled(120))
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        try:
-            for r in self.call:
-                self.ids.extend(r.ids)
-            self.end.update(code="OK", details="", at=time.monotonic())
-        except grpc.RpcError as e:
-            self.end.update(code=e.code().name, details=e.details(), at=time.monotonic())
-
-    def join(self, timeout):
-        self.thread.join(timeout)
-        assert self.end, f"the generation did not end within {timeout:.0f} s"
-        return self.end
 
 
 def references(c):
@@ -73,7 +47,7 @@ def test_requests_survive_a_killed_stage(model, cluster_factory, tmp_path, index
     cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS))
     c = cl.client()
     want = references(c)
-    streams = [Stream(c, p, s, N) for p, s in REQUESTS]
+    streams = [BackgroundGeneration(c, N, p, **s) for p, s in REQUESTS]
     wait_until(lambda: all(len(s.ids) >= 5 for s in streams), scaled(30), "the first tokens")
     victim = cl.stage_daemon(index)
     victim.expect_death = True
@@ -91,7 +65,7 @@ def test_requests_survive_a_killed_stage(model, cluster_factory, tmp_path, index
 
     add_stage(cl, tmp_path)
     for s, w in zip(streams, want):
-        end = s.join(scaled(120))
+        end = s.join(120)
         assert end["code"] == "OK", (end, len(s.ids))
         assert s.ids == w, "tokens lost, repeated or changed across the failover"
     took = max(s.end["at"] for s in streams) - t0
@@ -108,13 +82,13 @@ def test_requests_fail_when_no_pipeline_forms_in_time(model, cluster_factory):
     cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS,
                                                        "--failover_wait_ms", wait_ms))
     c = cl.client()
-    s = Stream(c, REQUESTS[0][0], {}, 4000)
+    s = BackgroundGeneration(c, 4000, REQUESTS[0][0])
     wait_until(lambda: len(s.ids) >= 5, scaled(30), "the first tokens")
     victim = cl.stage_daemon(1)
     victim.expect_death = True
     victim.signal(signal.SIGKILL)
     t0 = time.monotonic()
-    end = s.join(scaled(60))
+    end = s.join(60)
     took = end["at"] - t0
     print(f"failed {took:.2f} s after the kill: {end}")
     assert end["code"] == "UNAVAILABLE", end
@@ -135,7 +109,7 @@ def test_a_leaving_stage_whose_grace_runs_out_hands_its_requests_over(model, clu
     n = 2000
     want = c.generate(c.request(prompt_ids=REQUESTS[0][0], max_tokens=n), timeout=120)
     assert want.code.name == "OK" and len(want.ids) == n, want
-    s = Stream(c, REQUESTS[0][0], {}, n)
+    s = BackgroundGeneration(c, n, REQUESTS[0][0])
     wait_until(lambda: len(s.ids) >= 5, scaled(30), "the first tokens")
     victim = cl.stage_daemon(1)
     victim.expect_death = True
@@ -143,7 +117,7 @@ def test_a_leaving_stage_whose_grace_runs_out_hands_its_requests_over(model, clu
     assert victim.proc.wait(scaled(10)) == 0
     assert not s.end and len(s.ids) < n, (s.end, len(s.ids))
     add_stage(cl, tmp_path)
-    end = s.join(scaled(120))
+    end = s.join(120)
     assert end["code"] == "OK" and s.ids == want.ids, (end, len(s.ids))
     text = cl.coordinator.text()
     assert "grace period ended with 1 requests unfinished" in text, text[-3000:]

@@ -5,13 +5,12 @@ stage_timeout_ms), so a replacement can take its place. A stage outside a servin
 at once; a second signal, or a coordinator that does not answer, stops the stage without waiting."""
 import json
 import signal
-import threading
 import time
 
 import grpc
 import pytest
 
-from cluster import LONG_FLAGS, Daemon, scaled, wait_until
+from cluster import LONG_FLAGS, BackgroundGeneration, Daemon, scaled, wait_until
 from conftest import PPSERVE, run
 
 pytest_plugins = ["pipeline_fixtures"]  # the fixtures, and daemon logs on failure
@@ -25,24 +24,24 @@ def model(models):
     return models.get("pipe6long", *LONG_FLAGS)
 
 
-def start_stream(cl, n):
-    """A generation of n tokens read by a thread: (tokens so far, outcome) where outcome gets
-    "code" and "details" at the end."""
-    c = cl.client()
-    call = c.stream(c.request(prompt_ids=PROMPT, max_tokens=n), timeout=scaled(120))
-    ids, end = [], {}
+def stops_soon(stage):
+    """SIGTERM to stage, which must exit 0 without waiting out its grace period."""
+    stage.expect_death = True
+    stage.signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    assert stage.proc.wait(scaled(10)) == 0
+    assert time.monotonic() - t0 < scaled(3)
 
-    def read():
-        try:
-            for r in call:
-                ids.extend(r.ids)
-            end.update(code="OK", details="", at=time.monotonic())
-        except grpc.RpcError as e:
-            end.update(code=e.code().name, details=e.details(), at=time.monotonic())
 
-    th = threading.Thread(target=read, daemon=True)
-    th.start()
-    return ids, end, th
+def sigterm_mid_generation(cl, n, index=1):
+    """Starts a generation of n tokens and SIGTERMs the stage at index once it has 5; returns the
+    generation, the stage and when the signal went."""
+    g = BackgroundGeneration(cl.client(), n, PROMPT)
+    wait_until(lambda: len(g.ids) >= 5, scaled(30), "the first tokens")
+    stage = cl.stage_daemon(index)
+    stage.expect_death = True
+    stage.signal(signal.SIGTERM)
+    return g, stage, time.monotonic()
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["first", "last"])
@@ -55,13 +54,9 @@ def test_a_stopping_stage_lets_the_running_request_finish(model, cluster_factory
     before = c.generate(c.request(prompt_ids=PROMPT, max_tokens=n), timeout=scaled(120))
     assert before.code.name == "OK" and len(before.ids) == n, before
 
-    ids, end, th = start_stream(cl, n)
-    wait_until(lambda: len(ids) >= 5, scaled(30), "the first tokens")
-    victim = cl.stage_daemon(index)
     victim_addr = cl.stage_status()[index]["address"]
-    victim.expect_death = True
-    victim.signal(signal.SIGTERM)
-    t0 = time.monotonic()
+    g, victim, t0 = sigterm_mid_generation(cl, n, index)
+    ids, end = g.ids, g.end
 
     # while the pipeline drains: Status says so and names the stage; new requests are refused
     st = wait_until(lambda: (lambda s: s if s["state"].startswith("draining") else None)(
@@ -84,8 +79,8 @@ def test_a_stopping_stage_lets_the_running_request_finish(model, cluster_factory
     assert "is leaving (SIGTERM)" in fresh.details, fresh.details
     assert not end, f"the generation ended before the drain was seen: {end}"
 
-    th.join(scaled(120))
-    assert end.get("code") == "OK", (end, len(ids))
+    g.join(120)
+    assert end["code"] == "OK", (end, len(ids))
     assert ids == before.ids, "the drained request's tokens differ from an undisturbed run"
     # the stage goes once the request is done, long before its grace period is over
     assert victim.proc.wait(scaled(10)) == 0
@@ -123,13 +118,9 @@ def test_a_stage_whose_grace_runs_out_fails_what_is_left(model, cluster_factory)
     cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS,
                                                        "--failover_wait_ms", 0),
                          stage_flags=("--grace_ms", int(grace_s * 1000)))
-    ids, end, th = start_stream(cl, 4000)
-    wait_until(lambda: len(ids) >= 5, scaled(30), "the first tokens")
-    victim = cl.stage_daemon(1)
-    victim.expect_death = True
-    victim.signal(signal.SIGTERM)
-    t0 = time.monotonic()
-    th.join(scaled(30))
+    g, victim, t0 = sigterm_mid_generation(cl, 4000)
+    ids, end = g.ids, g.end
+    g.join(30)
     took = end["at"] - t0
     print(f"request ended {took:.2f} s after SIGTERM with {len(ids)} tokens: {end}")
     assert end["code"] == "UNAVAILABLE", end
@@ -146,11 +137,8 @@ def test_a_second_signal_stops_the_stage_at_once(model, cluster_factory):
     cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS,
                                                        "--failover_wait_ms", 0),
                          stage_flags=("--grace_ms", 60000))
-    ids, end, th = start_stream(cl, 4000)
-    wait_until(lambda: len(ids) >= 5, scaled(30), "the first tokens")
-    victim = cl.stage_daemon(1)
-    victim.expect_death = True
-    victim.signal(signal.SIGTERM)
+    g, victim, _ = sigterm_mid_generation(cl, 4000)
+    ids, end = g.ids, g.end
     wait_until(lambda: "leaving: the coordinator finishes" in victim.text(), scaled(5),
                "the stage to ask to leave")
     victim.signal(signal.SIGINT)
@@ -158,7 +146,7 @@ def test_a_second_signal_stops_the_stage_at_once(model, cluster_factory):
     assert victim.proc.wait(scaled(10)) == 0
     assert time.monotonic() - t0 < scaled(3)
     assert "signal SIGINT again: stopping without waiting" in victim.text()
-    th.join(scaled(30))
+    g.join(30)
     assert end["code"] == "UNAVAILABLE" and len(ids) < 4000, end
 
 
@@ -175,11 +163,7 @@ def test_a_stage_outside_a_pipeline_leaves_at_once(model, cluster_factory):
 
     wait_until(registered, scaled(30), "two registrations")
     victim = cl.stages[0]
-    victim.expect_death = True
-    victim.signal(signal.SIGTERM)
-    t0 = time.monotonic()
-    assert victim.proc.wait(scaled(10)) == 0
-    assert time.monotonic() - t0 < scaled(3)
+    stops_soon(victim)
     st = cl.status()
     assert len(st["stages"]) == 1 and st["state"].startswith("waiting for stages: 1 of 3"), st
     assert st["idle"] is True and st["bubble_fraction"] == 0, st
@@ -193,9 +177,5 @@ def test_a_stage_stops_without_an_answering_coordinator(model, cluster_factory):
     cl.coordinator.signal(signal.SIGKILL)
     cl.coordinator.proc.wait(scaled(10))
     victim = cl.stages[0]
-    victim.expect_death = True
-    victim.signal(signal.SIGTERM)
-    t0 = time.monotonic()
-    assert victim.proc.wait(scaled(10)) == 0
-    assert time.monotonic() - t0 < scaled(3)
+    stops_soon(victim)
     assert "leave: the coordinator did not answer" in victim.text(), victim.text()[-2000:]
