@@ -237,6 +237,30 @@ static double rate(double num, double den)
     return den > 1e-9 ? num / den : 0.0;
 }
 
+/* Status's state (mu held): "serving", what a drain waits for, or why the pipeline is down and
+ * what waits for the next one. */
+static const char *describe_state(const struct coordinator *co, double now, char *buf, size_t n)
+{
+    int leaving = co_leaving(co);
+    if (co->state == CO_SERVING && leaving >= 0) {
+        const struct co_stage *s = &co->stages[leaving];
+        snprintf(buf, n, "draining: stage %d (%s) is leaving (%s); %d requests running, %d queued, "
+                 "at most %.1f s more", leaving, s->address, s->leave_reason, co->n_running,
+                 co->n_queued, s->leave_by - now);
+    } else if (co->state == CO_SERVING && co->draining) {
+        snprintf(buf, n, "draining: the coordinator is stopping; %d requests running, %d queued",
+                 co->n_running, co->n_queued);
+    } else if (co->state == CO_SERVING) {
+        return "serving";
+    } else if (co->hold_until > 0 && co->n_queued > 0) {
+        snprintf(buf, n, "%s; %d requests wait for the next pipeline (at most %.1f s more)",
+                 co->state_reason, co->n_queued, co->hold_until > now ? co->hold_until - now : 0.0);
+    } else {
+        return co->state_reason;
+    }
+    return buf;
+}
+
 static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf *resp)
 {
     (void)msg;
@@ -246,21 +270,9 @@ static pp_status on_status(void *ud, const ProtobufCMessage *msg, struct pp_buf 
     pthread_mutex_lock(&co->mu);
     out.model = co->cfg.model;
     out.model_id = co->model_id;
-    char draining[sizeof(co->state_reason)];
-    int leaving = co_leaving(co);
+    char state_text[sizeof(co->state_reason) + 96];
     double now = pp_clock_mono();
-    out.state = co->state == CO_SERVING ? "serving" : co->state_reason;
-    if (co->state == CO_SERVING && (leaving >= 0 || co->draining)) {
-        if (leaving >= 0)
-            snprintf(draining, sizeof(draining), "draining: stage %d (%s) is leaving (%s); %d "
-                     "requests running, %d queued, at most %.1f s more", leaving,
-                     co->stages[leaving].address, co->stages[leaving].leave_reason, co->n_running,
-                     co->n_queued, co->stages[leaving].leave_by - now);
-        else
-            snprintf(draining, sizeof(draining), "draining: the coordinator is stopping; %d "
-                     "requests running, %d queued", co->n_running, co->n_queued);
-        out.state = draining;
-    }
+    out.state = (char *)describe_state(co, now, state_text, sizeof(state_text));
     out.blocked = co->state != CO_SERVING && co->blocked;
     out.n_stages = (size_t)co->n_stages;
     out.stages = sp;

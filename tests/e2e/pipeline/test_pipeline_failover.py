@@ -61,7 +61,9 @@ def test_requests_survive_a_killed_stage(model, cluster_factory, tmp_path, index
     fresh = c.generate(c.request(prompt_ids=[1, 2, 3], max_tokens=4), timeout=10)
     assert fresh.code.name == "UNAVAILABLE" and fresh.ids == [], fresh
     assert all(not s.end for s in streams), [s.end for s in streams]
-    assert cl.status()["requests_queued"] == 2
+    st = cl.status()
+    assert st["requests_queued"] == 2, st
+    assert "; 2 requests wait for the next pipeline (at most " in st["state"], st["state"]
 
     add_stage(cl, tmp_path)
     for s, w in zip(streams, want):
@@ -106,7 +108,7 @@ def test_a_leaving_stage_whose_grace_runs_out_hands_its_requests_over(model, clu
     cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS),
                          stage_flags=("--grace_ms", 1000))
     c = cl.client()
-    n = 2000
+    n = 4000  # longer than the 1 s grace period, however fast the host
     want = c.generate(c.request(prompt_ids=REQUESTS[0][0], max_tokens=n), timeout=120)
     assert want.code.name == "OK" and len(want.ids) == n, want
     s = BackgroundGeneration(c, n, REQUESTS[0][0])
