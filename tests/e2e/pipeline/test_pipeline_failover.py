@@ -124,3 +124,30 @@ def test_a_leaving_stage_whose_grace_runs_out_hands_its_requests_over(model, clu
     text = cl.coordinator.text()
     assert "grace period ended with 1 requests unfinished" in text, text[-3000:]
     assert "failover: 1 requests (1 of them running)" in text, text[-3000:]
+
+
+def test_a_request_the_new_pipeline_cannot_hold_fails_saying_so(model, cluster_factory, tmp_path):
+    """The stage that takes the dead one's place offers less KV: a held request that no longer fits
+    fails with RESOURCE_EXHAUSTED naming both sizes, and a smaller one goes on."""
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS))
+    c = cl.client()
+    small = REQUESTS[0][0], 300
+    want = c.generate(c.request(prompt_ids=small[0], max_tokens=small[1]), timeout=120)
+    assert want.code.name == "OK", want
+    big = BackgroundGeneration(c, 4000, REQUESTS[1][0])
+    little = BackgroundGeneration(c, small[1], small[0])
+    wait_until(lambda: len(big.ids) >= 5 and len(little.ids) >= 5, scaled(30), "first tokens")
+    victim = cl.stage_daemon(1)
+    victim.expect_death = True
+    victim.signal(signal.SIGKILL)
+    wait_until(lambda: cl.status()["state"] != "serving", scaled(10), "the pipeline to go down")
+    d = Daemon("stage-small", [*cl.stage_args("127.0.0.1:0"), "--kv_mb", 1],
+               tmp_path / f"{cl.tag}-stage-small.log")
+    cl.stages.append(d)
+    cl.daemons.append(d)
+    end = big.join(120)
+    assert end["code"] == "RESOURCE_EXHAUSTED", end
+    assert "the pipeline formed again with room for " in end["details"], end
+    assert "KV blocks per sequence; this request needs 251" in end["details"], end
+    end = little.join(120)
+    assert end["code"] == "OK" and little.ids == want.ids, (end, len(little.ids))
