@@ -139,7 +139,8 @@ static void admit(struct coordinator *co)
         co->kv_blocks_reserved += req->kv_blocks;
         req->kv_reserved = 1;
         req->state = CO_REQ_RUNNING;
-        req->t_admit = pp_clock_mono();
+        if (req->t_admit == 0) /* the first admission (usage's prefill rate counts from it) */
+            req->t_admit = pp_clock_mono();
         if (req->max_tokens == 0) {
             /* nothing to generate: done without touching the stages */
             req->t_first_token = req->t_last_token = req->t_admit;

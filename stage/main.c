@@ -113,8 +113,8 @@ static int ms_left(double deadline, int floor_ms)
 }
 
 /* Drains and stops everything main started, each step bounded by the grace period or its own
- * deadline. */
-/* sig: the signal that stops it (0: a failed start); sigs: those that cut the leave short. */
+ * deadline. sig: the signal that stops it (0: a failed start, nothing to leave); sigs: those that
+ * cut the leave short. */
 static void shutdown_stage(struct pp_stage *s, int sig, const sigset_t *sigs)
 {
     double deadline = pp_clock_mono() + (double)s->cfg.grace_ms / 1000.0;
