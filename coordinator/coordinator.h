@@ -151,7 +151,9 @@ struct coordinator {
     int draining;                    /* SIGTERM: new requests are refused */
     double hold_until;               /* the pipeline is down and requests wait for the next one
                                       * until then (monotonic; 0: none wait) */
-    char hold_reason[640];           /* why the pipeline they wait for went down */
+    char down_cause[640];            /* why the last serving pipeline went down; kept while it
+                                      * re-forms (last_failure then says why an attempt failed),
+                                      * cleared when one serves */
     volatile int *interrupted;       /* set by the signal handler */
     struct pp_rpc_channel
         *retired[4 * CO_MAX_STAGES]; /* channels of dropped stages, freed at exit */

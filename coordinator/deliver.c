@@ -50,8 +50,12 @@ static void deliver_end(void *ud, struct pp_rpc_stream *st, pp_status status)
     if (co->deliver == st) {
         co->deliver = NULL;
         if (co->state == CO_SERVING && status != PP_OK && co->n_stages > 0)
+            /* cancelled, on the server's side of a stream: the stage ended the call or vanished
+             * (the generic text would call the stage "the client") */
             co_pipeline_down(co, "the result stream from the last stage (%s) broke: %s",
-                             co->stages[co->n_stages - 1].address, pp_error_detail());
+                             co->stages[co->n_stages - 1].address,
+                             status == PP_ERR_CANCELLED ? "the stage ended it or went away (its "
+                             "process stopped, or the connection broke)" : pp_error_detail());
     }
     pthread_mutex_unlock(&co->mu);
     pp_rpc_stream_release(st);

@@ -91,22 +91,31 @@ void co_check_leaving(struct coordinator *co)
     int i = co_leaving(co);
     if (i < 0)
         return;
-    const struct co_stage *s = &co->stages[i];
     int left = co->n_running + co->n_queued;
-    if (left > 0 && pp_clock_mono() < s->leave_by)
+    if (left > 0 && pp_clock_mono() < co->stages[i].leave_by)
         return;
-    char who[sizeof(s->address) + sizeof(s->leave_reason) + 32];
-    snprintf(who, sizeof(who), "stage %d (%s) left (%s)", i, s->address, s->leave_reason);
-    /* every stage that asked goes with this pipeline */
-    for (int k = 0; k < co->n_stages; k++)
-        if (co->stages[k].leave_by > 0 && co->stages[k].alive) {
-            co->stages[k].alive = 0;
-            co->stages_gen++;
-        }
+    /* every stage that asked goes with this pipeline, and is named */
+    char who[512];
+    int n = 0, gone = 0;
+    for (int k = 0; k < co->n_stages; k++) {
+        struct co_stage *s = &co->stages[k];
+        if (s->leave_by == 0 || !s->alive)
+            continue;
+        if (n < (int)sizeof(who))
+            n += snprintf(who + n, sizeof(who) - (size_t)n, "%s%d (%s)", gone ? ", " : "", k,
+                          s->address);
+        s->alive = 0;
+        co->stages_gen++;
+        gone++;
+    }
+    if (n < (int)sizeof(who))
+        snprintf(who + n, sizeof(who) - (size_t)n, " left (%s)", co->stages[i].leave_reason);
+    const char *stage = gone > 1 ? "stages" : "stage";
     if (left == 0)
-        co_pipeline_retire(co, "%s after the pipeline's requests finished", who);
+        co_pipeline_retire(co, "%s %s after the pipeline's requests finished", stage, who);
     else
-        co_pipeline_down(co, "%s: its grace period ended with %d requests unfinished", who, left);
+        co_pipeline_down(co, "%s %s: %s grace period ended with %d requests unfinished", stage, who,
+                         gone > 1 ? "the first" : "its", left);
 }
 
 pp_status co_leave_add(struct coordinator *co)

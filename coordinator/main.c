@@ -176,10 +176,13 @@ int main(int argc, char **argv)
     while (!g_signal) {
         st = co_setup_pipeline(co);
         if (st != PP_OK && !g_signal) {
-            PP_ERROR("pipeline not formed: %s", pp_error_detail());
             pthread_mutex_lock(&co->mu);
             int blocked = co->blocked;
             pthread_mutex_unlock(&co->mu);
+            /* blocked: a person must act; otherwise it is retried (a dead stage's address while
+             * its silence is measured, a stage still loading): a warning */
+            PP_LOG(blocked ? PP_LOG_ERROR : PP_LOG_WARN, "pipeline not formed: %s",
+                   pp_error_detail());
             /* a refusal is not retried until something changes (a stage restarted with another
              * configuration, a stage gone) or the retry period passes (a model file replaced),
              * another failure after a second. Both waits check the stages' liveness every 200 ms

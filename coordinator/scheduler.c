@@ -460,8 +460,6 @@ void co_hold_all(struct coordinator *co)
             r->failovers = 1; /* queued before the failure: checked again at admission too */
     if (co->n_queued > 0 && co->hold_until == 0) {
         co->hold_until = pp_clock_mono() + (double)co->cfg.failover_wait_ms / 1000.0;
-        snprintf(co->hold_reason, sizeof(co->hold_reason), "%.*s",
-                 (int)sizeof(co->hold_reason) - 1, co->state_reason);
         PP_INFO("failover: %d requests (%d of them running) wait up to %.1f s for the pipeline to "
                 "form again", co->n_queued, held, (double)co->cfg.failover_wait_ms / 1000.0);
     }
@@ -471,19 +469,21 @@ void co_check_deadlines(struct coordinator *co)
 {
     double now = pp_clock_mono();
     if (co->hold_until > 0 && co->state != CO_SERVING && now > co->hold_until) {
-        char why[sizeof(co->hold_reason) + sizeof(co->last_failure) + 128];
-        if (strcmp(co->hold_reason, co->last_failure) != 0)
-            snprintf(why, sizeof(why), "pipeline down: %s (it did not form again within "
-                     "failover_wait_ms=%lld; the last attempt: %s)", co->hold_reason,
-                     (long long)co->cfg.failover_wait_ms, co->last_failure);
-        else
-            snprintf(why, sizeof(why), "pipeline down: %s (it did not form again within "
-                     "failover_wait_ms=%lld)", co->hold_reason,
-                     (long long)co->cfg.failover_wait_ms);
-        PP_WARN("failover: %d requests waited %.1f s for a new pipeline: they fail", co->n_queued,
-                (double)co->cfg.failover_wait_ms / 1000.0);
         co->hold_until = 0;
-        co_fail_all(co, PP_ERR_UNAVAILABLE, why);
+        if (co->n_queued > 0) { /* those that waited may all have been cancelled meanwhile */
+            char why[sizeof(co->down_cause) + sizeof(co->last_failure) + 128];
+            if (co->last_failure[0] && strcmp(co->down_cause, co->last_failure) != 0)
+                snprintf(why, sizeof(why), "pipeline down: %s (it did not form again within "
+                         "failover_wait_ms=%lld; the last attempt: %s)", co->down_cause,
+                         (long long)co->cfg.failover_wait_ms, co->last_failure);
+            else
+                snprintf(why, sizeof(why), "pipeline down: %s (it did not form again within "
+                         "failover_wait_ms=%lld)", co->down_cause,
+                         (long long)co->cfg.failover_wait_ms);
+            PP_WARN("failover: %d requests waited %.1f s for a new pipeline: they fail",
+                    co->n_queued, (double)co->cfg.failover_wait_ms / 1000.0);
+            co_fail_all(co, PP_ERR_UNAVAILABLE, why);
+        }
     }
     struct co_request *heads[2] = {&co->running, &co->queued};
     for (int h = 0; h < 2; h++)
@@ -505,6 +505,9 @@ static void pipeline_down(struct coordinator *co, enum pp_log_level level, const
     if (co->state == CO_DOWN || co->state == CO_STOPPING)
         return;
     vsnprintf(co->state_reason, sizeof(co->state_reason), fmt, ap);
+    if (co->state == CO_SERVING) /* not a pipeline still forming: the cause Status keeps */
+        snprintf(co->down_cause, sizeof(co->down_cause), "%.*s",
+                 (int)sizeof(co->down_cause) - 1, co->state_reason);
     co->state = CO_DOWN;
     snprintf(co->last_failure, sizeof(co->last_failure), "%.*s", (int)sizeof(co->last_failure) - 1,
              co->state_reason);

@@ -77,14 +77,18 @@ static void wait_tick(struct coordinator *co)
 }
 
 /* Sets the not-serving reason (mu held): what the coordinator does now, and, after a failure,
- * why the last pipeline is gone, so that Status never loses the cause while it re-forms. */
+ * why the last pipeline is gone (down_cause), so that Status never loses the cause while it
+ * re-forms, and why the last attempt to form one failed, where that differs. */
 static void set_reason(struct coordinator *co, const char *doing)
 {
-    if (co->last_failure[0])
-        snprintf(co->state_reason, sizeof(co->state_reason), "%s; the last pipeline ended: %s",
-                 doing, co->last_failure);
-    else
-        snprintf(co->state_reason, sizeof(co->state_reason), "%s", doing);
+    int n = snprintf(co->state_reason, sizeof(co->state_reason), "%s", doing);
+    if (co->down_cause[0] && n < (int)sizeof(co->state_reason))
+        n += snprintf(co->state_reason + n, sizeof(co->state_reason) - (size_t)n,
+                      "; the last pipeline ended: %s", co->down_cause);
+    if (co->last_failure[0] && strcmp(co->last_failure, co->down_cause) != 0 &&
+        n < (int)sizeof(co->state_reason))
+        snprintf(co->state_reason + n, sizeof(co->state_reason) - (size_t)n,
+                 "; the last attempt failed: %s", co->last_failure);
 }
 
 /* Waits until cfg.stages stages are alive (mu held). */
@@ -319,6 +323,7 @@ pp_status co_setup_pipeline(struct coordinator *co)
         co->state = CO_SERVING;
         co->hold_until = 0; /* the requests that waited are admitted first (co_schedule) */
         co->last_failure[0] = '\0';
+        co->down_cause[0] = '\0';
         snprintf(co->state_reason, sizeof(co->state_reason), "serving");
         co->rate_t0 = pp_clock_mono();
         co->rate_tokens0 = co->tokens_generated;

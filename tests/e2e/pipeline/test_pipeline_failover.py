@@ -101,6 +101,38 @@ def test_requests_fail_when_no_pipeline_forms_in_time(model, cluster_factory):
         cl.coordinator.text()
 
 
+def test_status_keeps_the_cause_and_a_cancelled_wait_ends_quietly(model, cluster_factory):
+    """While the pipeline re-forms, Status names why the last one ended, not why the latest
+    attempt failed; a held request whose client goes away is forgotten, and the window then ends
+    with nothing to fail."""
+    wait_ms = 3000
+    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS,
+                                                       "--failover_wait_ms", wait_ms))
+    c = cl.client()
+    s = BackgroundGeneration(c, 4000, REQUESTS[0][0])
+    wait_until(lambda: len(s.ids) >= 5, scaled(30), "the first tokens")
+    victim = cl.stage_daemon(1)
+    victim.expect_death = True
+    victim.signal(signal.SIGKILL)
+    # setup's retries fail on the dead address until its silence drops it
+    st = wait_until(lambda: (lambda x: x if "the last attempt failed: " in x["state"] else None)(
+        cl.status()), scaled(10), "a failed attempt in Status")
+    cause = st["state"].split("; the last pipeline ended: ")[1].split("; the last attempt")[0]
+    assert "could not take layers" not in cause and "stage" in cause, st["state"]
+    assert "; 1 requests wait for the next pipeline (at most " in st["state"], st["state"]
+    s.call.cancel()
+    end = s.join(10)
+    assert end["code"] == "CANCELLED", end
+    wait_until(lambda: "request cancelled seq=" in cl.coordinator.text(), scaled(5),
+               "the coordinator to see the cancel")
+    time.sleep(wait_ms / 1000 + 0.5)
+    st = cl.status()
+    assert st["requests_queued"] == 0 and "requests wait" not in st["state"], st
+    text = cl.coordinator.text()
+    assert "requests waited" not in text, text[-3000:]
+    assert "the client cancelled or went away" not in text, text[-3000:]
+
+
 def test_a_leaving_stage_whose_grace_runs_out_hands_its_requests_over(model, cluster_factory,
                                                                       tmp_path):
     """A stage stopped with a grace period shorter than the generation: the drain ends with the
