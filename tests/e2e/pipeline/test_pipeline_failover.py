@@ -79,16 +79,22 @@ def test_requests_survive_a_killed_stage(model, cluster_factory, tmp_path, index
     assert again.code.name == "OK" and again.ids == want[0][:12], again
 
 
-def test_requests_fail_when_no_pipeline_forms_in_time(model, cluster_factory):
-    wait_ms = 1500
+def kill_the_last_stage_mid_generation(cluster_factory, model, wait_ms):
+    """A 2-stage cluster with failover_wait_ms = wait_ms, a 4000-token generation, and SIGKILL to
+    its last stage once 5 tokens are out; returns the cluster and the generation."""
     cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS,
                                                        "--failover_wait_ms", wait_ms))
-    c = cl.client()
-    s = BackgroundGeneration(c, 4000, REQUESTS[0][0])
+    s = BackgroundGeneration(cl.client(), 4000, REQUESTS[0][0])
     wait_until(lambda: len(s.ids) >= 5, scaled(30), "the first tokens")
     victim = cl.stage_daemon(1)
     victim.expect_death = True
     victim.signal(signal.SIGKILL)
+    return cl, s
+
+
+def test_requests_fail_when_no_pipeline_forms_in_time(model, cluster_factory):
+    wait_ms = 1500
+    cl, s = kill_the_last_stage_mid_generation(cluster_factory, model, wait_ms)
     t0 = time.monotonic()
     end = s.join(60)
     took = end["at"] - t0
@@ -106,14 +112,7 @@ def test_status_keeps_the_cause_and_a_cancelled_wait_ends_quietly(model, cluster
     attempt failed; a held request whose client goes away is forgotten, and the window then ends
     with nothing to fail."""
     wait_ms = 3000
-    cl = cluster_factory(model, stages=2, coord_flags=("--stage_timeout_ms", TIMEOUT_MS,
-                                                       "--failover_wait_ms", wait_ms))
-    c = cl.client()
-    s = BackgroundGeneration(c, 4000, REQUESTS[0][0])
-    wait_until(lambda: len(s.ids) >= 5, scaled(30), "the first tokens")
-    victim = cl.stage_daemon(1)
-    victim.expect_death = True
-    victim.signal(signal.SIGKILL)
+    cl, s = kill_the_last_stage_mid_generation(cluster_factory, model, wait_ms)
     # setup's retries fail on the dead address until its silence drops it
     st = wait_until(lambda: (lambda x: x if "the last attempt failed: " in x["state"] else None)(
         cl.status()), scaled(10), "a failed attempt in Status")
