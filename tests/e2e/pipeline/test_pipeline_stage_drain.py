@@ -155,6 +155,7 @@ def test_a_stage_outside_a_pipeline_leaves_at_once(model, cluster_factory):
     cl = cluster_factory(model, stages=2, wait=False,
                          coord_flags=("--stage_timeout_ms", 60000, "--stages", 3),
                          stage_flags=("--grace_ms", 30000))
+
     def registered():
         try:
             return len(cl.status()["stages"]) == 2
@@ -166,8 +167,14 @@ def test_a_stage_outside_a_pipeline_leaves_at_once(model, cluster_factory):
     stops_soon(victim)
     st = cl.status()
     assert len(st["stages"]) == 1 and st["state"].startswith("waiting for stages: 1 of 3"), st
-    assert st["idle"] is True and st["bubble_fraction"] == 0, st
     assert "stage left index=" in cl.coordinator.text()
+    # the other goes too: no stage at all, and nothing computed (idle), not a 0% bubble
+    stops_soon(cl.stages[1])
+    st = cl.status()
+    assert st["stages"] == [] and st["state"].startswith("waiting for stages: 0 of 3"), st
+    assert st["idle"] is True and st["bubble_fraction"] == 0, st
+    p = run([PPSERVE, "status", "--addr", cl.addr], check=False, timeout=30)
+    assert "bubble       - (idle" in p.stdout and "stages       none" in p.stdout, p.stdout
 
 
 def test_a_stage_stops_without_an_answering_coordinator(model, cluster_factory):
