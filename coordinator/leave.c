@@ -69,17 +69,15 @@ static pp_status on_leave(void *ud, const ProtobufCMessage *msg, struct pp_buf *
     Ppserve__V1__LeaveResponse out = PPSERVE__V1__LEAVE_RESPONSE__INIT;
     const char *reason = req->reason && req->reason[0] ? req->reason : "no reason given";
     pthread_mutex_lock(&co->mu);
-    int i = 0;
-    while (i < co->n_stages && co->stages[i].id != req->stage_id)
-        i++;
-    if (i == co->n_stages || !co->stages[i].alive) {
+    struct co_stage *s = co_stage_find(co, req->stage_id);
+    if (!s || !s->alive) {
         out.done = 1; /* unknown here, or already gone: nothing will reach it */
     } else if (co->state == CO_SERVING) {
-        co->stages[i].last_seen = pp_clock_mono();
-        if (co->stages[i].leave_by == 0)
-            start_drain(co, i, (double)req->within_ms / 1000.0, reason);
+        s->last_seen = pp_clock_mono();
+        if (s->leave_by == 0)
+            start_drain(co, (int)(s - co->stages), (double)req->within_ms / 1000.0, reason);
     } else {
-        let_go(co, i, reason);
+        let_go(co, (int)(s - co->stages), reason);
         out.done = 1;
     }
     pthread_mutex_unlock(&co->mu);

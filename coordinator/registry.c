@@ -8,7 +8,7 @@
 #include "common/nonce.h"
 #include "coordinator/coordinator.h"
 
-static struct co_stage *find_by_id(struct coordinator *co, uint64_t id)
+struct co_stage *co_stage_find(struct coordinator *co, uint64_t id)
 {
     for (int i = 0; i < co->n_stages; i++)
         if (co->stages[i].id == id)
@@ -114,7 +114,7 @@ static pp_status on_heartbeat(void *ud, const ProtobufCMessage *msg, struct pp_b
     const Ppserve__V1__HeartbeatRequest *req = (const Ppserve__V1__HeartbeatRequest *)msg;
     Ppserve__V1__HeartbeatResponse out = PPSERVE__V1__HEARTBEAT_RESPONSE__INIT;
     pthread_mutex_lock(&co->mu);
-    struct co_stage *s = find_by_id(co, req->stage_id);
+    struct co_stage *s = co_stage_find(co, req->stage_id);
     if (!s) {
         out.unknown = 1;
     } else {

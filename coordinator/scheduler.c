@@ -31,6 +31,14 @@ static void list_remove(struct co_request *r)
     r->prev = r->next = r;
 }
 
+static void list_push_front(struct co_request *head, struct co_request *r)
+{
+    r->prev = head;
+    r->next = head->next;
+    head->next->prev = r;
+    head->next = r;
+}
+
 static void list_push_back(struct co_request *head, struct co_request *r)
 {
     r->prev = head->prev;
@@ -100,9 +108,9 @@ void co_request_client_gone(struct coordinator *co, struct co_request *req)
     co_schedule(co);
 }
 
-/* A request held through a failover, against the pipeline formed since: it may hold less KV or a
- * shorter context than the one the request was accepted by. Fails the request when it no longer
- * fits. */
+/* A request against the pipeline it is about to join. One accepted by this pipeline always fits
+ * (Generate checked it); one held through a failover may not: the pipeline formed since may hold
+ * less KV or a shorter context. Fails the request when it does not fit. */
 static int fits_again(struct coordinator *co, struct co_request *req)
 {
     char why[256];
@@ -127,7 +135,7 @@ static void admit(struct coordinator *co)
 {
     while (co->queued.next != &co->queued) {
         struct co_request *req = co->queued.next;
-        if (req->failovers && !fits_again(co, req))
+        if (!fits_again(co, req))
             continue; /* failed: the next one */
         if (co->n_running >= co->max_seqs ||
             co->kv_blocks_reserved + req->kv_blocks > co->kv_blocks_cap)
@@ -446,18 +454,11 @@ void co_hold_all(struct coordinator *co)
         r->n_fed = 0;
         r->in_flight = 0;
         r->prefill_end = r->n_prompt + r->n_gen;
-        r->failovers++;
         r->state = CO_REQ_QUEUED;
-        r->prev = &co->queued;
-        r->next = co->queued.next;
-        co->queued.next->prev = r;
-        co->queued.next = r;
+        list_push_front(&co->queued, r);
         co->n_queued++;
         held++;
     }
-    for (struct co_request *r = co->queued.next; r != &co->queued; r = r->next)
-        if (!r->failovers)
-            r->failovers = 1; /* queued before the failure: checked again at admission too */
     if (co->n_queued > 0 && co->hold_until == 0) {
         co->hold_until = pp_clock_mono() + (double)co->cfg.failover_wait_ms / 1000.0;
         PP_INFO("failover: %d requests (%d of them running) wait up to %.1f s for the pipeline to "
@@ -514,12 +515,13 @@ static void pipeline_down(struct coordinator *co, enum pp_log_level level, const
     PP_LOG(level, "pipeline down: %s", co->state_reason);
     pp_rpc_health_set(co->health, "", PP_HEALTH_NOT_SERVING);
     pp_rpc_health_set(co->health, "ppserve.v1.Ppserve", PP_HEALTH_NOT_SERVING);
-    char why[sizeof(co->state_reason) + 32];
-    snprintf(why, sizeof(why), "pipeline down: %s", co->state_reason);
-    if (co->cfg.failover_wait_ms > 0 && !co->draining)
+    if (co->cfg.failover_wait_ms > 0 && !co->draining) {
         co_hold_all(co);
-    else
+    } else {
+        char why[sizeof(co->state_reason) + 32];
+        snprintf(why, sizeof(why), "pipeline down: %s", co->state_reason);
         co_fail_all(co, PP_ERR_UNAVAILABLE, why);
+    }
     pthread_cond_broadcast(&co->cond);
 }
 

@@ -18,6 +18,11 @@
 
 static const char *const LEAVE_METHOD = "/ppserve.v1.Coordinator/Leave";
 
+const char *pp_stage_signal_name(int sig)
+{
+    return sig == SIGTERM ? "SIGTERM" : "SIGINT";
+}
+
 void pp_stage_leave_loop(struct pp_stage *s, struct pp_rpc_channel *ch)
 {
     pthread_mutex_lock(&s->ctl_mu);
@@ -74,7 +79,7 @@ void pp_stage_leave(struct pp_stage *s, double deadline, const char *reason,
         int sig = sigtimedwait(sigs, NULL, &zero);
         if (sig > 0) {
             PP_WARN("leave: signal %s again: stopping without waiting for the pipeline",
-                    sig == SIGTERM ? "SIGTERM" : "SIGINT");
+                    pp_stage_signal_name(sig));
             break;
         }
     }

@@ -123,7 +123,7 @@ static void shutdown_stage(struct pp_stage *s, int sig, const sigset_t *sigs)
         pp_rpc_health_set(s->health, "ppserve.v1.Stage", PP_HEALTH_NOT_SERVING);
     }
     if (sig)
-        pp_stage_leave(s, deadline, sig == SIGTERM ? "SIGTERM" : "SIGINT", sigs);
+        pp_stage_leave(s, deadline, pp_stage_signal_name(sig), sigs);
     atomic_store(&s->draining, 1);
     if (!pp_stage_queue_wait_idle(s, deadline))
         PP_WARN("drain: grace_ms=%lld over with %zu microbatches queued: they are dropped",
@@ -266,7 +266,7 @@ int main(int argc, char **argv)
     }
     while (sigwait(&sigs, &sig) != 0)
         ;
-    PP_INFO("stopping: signal=%s grace_ms=%lld", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+    PP_INFO("stopping: signal=%s grace_ms=%lld", pp_stage_signal_name(sig),
             (long long)s->cfg.grace_ms);
 out:
     shutdown_stage(s, sig, &sigs);

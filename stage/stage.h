@@ -235,6 +235,8 @@ void pp_stage_control_stop(struct pp_stage *s);
 int pp_stage_ctl_sleep(struct pp_stage *s, int64_t ms, int wake_on_leave);
 
 /* ---- leave.c: the orderly exit ---- */
+/* "SIGTERM" or "SIGINT": the signals that stop a stage. */
+const char *pp_stage_signal_name(int sig);
 /* Main thread, on SIGTERM/SIGINT while the control thread runs: asks it to leave (reason: the
  * signal's name) and waits until the coordinator lets the stage go, the coordinator cannot be
  * reached, deadline (monotonic seconds) passes, or another of sigs arrives. Meanwhile the stage
